@@ -1,0 +1,110 @@
+"""NVRTC: CUDA C source -> cubin for one arch, cached on disk; cubin -> kernels on the GPU.
+
+We compile to cubin (machine code for exactly that arch), never PTX: PTX from an NVRTC newer than the driver
+cannot be JIT-compiled by it, while a cubin for sm_90 runs on any driver that knows sm_90.
+The cache key is everything that can change the machine code: the source, the headers it can include (our
+kernels/*.cuh and the toolkit's cuda_bf16 headers), the options, the arch and the NVRTC version.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+CUDA_STD = "c++17"
+
+
+class KernelCompileError(RuntimeError):
+    """A .cu file failed to compile; the message names the file and carries the NVRTC log."""
+
+
+def cache_root() -> Path:
+    """Where compiled kernels and generated checkpoints live: $TINY_VLLM_CACHE or ~/.cache/tiny-vllm."""
+    return Path(os.environ.get("TINY_VLLM_CACHE", Path.home() / ".cache" / "tiny-vllm"))
+
+
+@functools.cache
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise KernelCompileError(f"NVRTC is not usable: {err.name}")
+    return f"{major}.{minor}"
+
+
+@functools.cache
+def cuda_include_dir() -> str:
+    """The toolkit headers (cuda_bf16.h) from the nvidia-cuda-runtime wheel, or a system CUDA."""
+    import cuda.pathfinder
+
+    found = cuda.pathfinder.find_nvidia_header_directory("cudart")
+    if found is None:
+        raise KernelCompileError("cuda_bf16.h not found: install the CUDA runtime headers "
+                                 "(pip install 'cuda-toolkit[cudart]') or set CUDA_HOME")
+    return str(found)
+
+
+@functools.cache
+def _toolkit_header_digest() -> str:
+    inc = Path(cuda_include_dir())
+    h = hashlib.sha256()
+    for name in ("cuda_bf16.h", "cuda_bf16.hpp"):
+        if (inc / name).exists():
+            h.update((inc / name).read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(source: str, headers: dict[str, str], options: tuple[str, ...], arch: str) -> str:
+    h = hashlib.sha256()
+    for part in (source, *(f"{k}\0{v}" for k, v in sorted(headers.items())), *options, arch,
+                 nvrtc_version(), _toolkit_header_digest()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def compile_cubin(path: Path, arch: str, defines: tuple[str, ...] = ()) -> bytes:
+    """Compile one .cu file to a cubin for `arch` (e.g. "sm_90"); works without a GPU.
+
+    `defines` are NAME or NAME=VALUE macros. Raises KernelCompileError naming the file, with the NVRTC log.
+    """
+    from cuda.core import Program, ProgramOptions
+
+    path = Path(path)
+    source = path.read_text()
+    headers = {p.name: p.read_text() for p in sorted(path.parent.glob("*.cuh"))}
+    options = (f"-std={CUDA_STD}", *(f"-D{d}" for d in defines))
+    key = cache_key(source, headers, options, arch)
+    cached = cache_root() / "kernels" / f"{path.stem}-{arch}-{key[:20]}.cubin"
+    if cached.exists():
+        return cached.read_bytes()
+    opts = ProgramOptions(name=path.name, arch=arch, std=CUDA_STD,
+                          include_path=[str(path.parent), cuda_include_dir()],
+                          define_macro=list(defines) or None)
+    try:
+        code = Program(source, "c++", opts).compile("cubin").code
+    except Exception as e:  # cuda.core's NVRTCError carries the compile log in its message
+        raise KernelCompileError(f"{path}: NVRTC {nvrtc_version()} failed for {arch}:\n{e}") from None
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(code)
+    tmp.replace(cached)  # atomic: a concurrent process never reads half a cubin
+    return code
+
+
+class KernelModule:
+    """The kernels of one compiled .cu file, loaded on the current device."""
+
+    def __init__(self, path: Path, arch: str, defines: tuple[str, ...] = ()):
+        from cuda.core import ObjectCode
+
+        self.path = Path(path)
+        self._code = ObjectCode.from_cubin(compile_cubin(self.path, arch, defines), name=self.path.name)
+
+    def kernel(self, name: str):
+        try:
+            return self._code.get_kernel(name)
+        except Exception as e:
+            raise KernelCompileError(f"{self.path}: no kernel named {name!r} ({e})") from None

@@ -1,0 +1,203 @@
+"""CUDA plumbing on cuda.core: one device, one stream, typed device arrays, pinned staging, events.
+
+Everything the stages run goes on `Gpu.stream`, so ordering is the stream's and a host read needs one `sync()`.
+bf16 arrays travel as uint16 bit patterns on the host (see common/bf16.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+# dtype name -> (bytes per element, numpy dtype that holds it on the host)
+DTYPES = {
+    "bf16": (2, np.uint16),
+    "f32": (4, np.float32),
+    "i32": (4, np.int32),
+    "u8": (1, np.uint8),
+    "u16": (2, np.uint16),
+    "u32": (4, np.uint32),
+    "u64": (8, np.uint64),
+}
+
+
+class NoGpuError(RuntimeError):
+    """Raised where GPU work is asked for and no usable CUDA device exists; the message says why."""
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def check(result, what: str):
+    """Unpack a cuda.bindings call's (err, *values) and raise with the call's name on failure."""
+    driver = _driver()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, msg = driver.cuGetErrorString(err)
+        raise RuntimeError(f"{what} failed: {err.name}: {msg.decode() if msg else ''}")
+    return values[0] if len(values) == 1 else (values or None)
+
+
+@functools.cache
+def has_gpu() -> tuple[bool, str]:
+    """(True, device name) when a CUDA device is usable, else (False, the reason in one line)."""
+    try:
+        driver = _driver()
+        err, = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return False, f"cuInit failed ({err.name}): no usable NVIDIA driver"
+        err, count = driver.cuDeviceGetCount()
+        if err != driver.CUresult.CUDA_SUCCESS or count == 0:
+            return False, "the NVIDIA driver sees no CUDA device"
+        err, name = driver.cuDeviceGetName(256, 0)
+        return True, name.split(b"\0")[0].decode()
+    except ImportError as e:
+        return False, f"cuda-python is not installed ({e})"
+    except Exception as e:  # cuda.pathfinder raises when libcuda.so is absent (a machine without a driver)
+        return False, f"no NVIDIA driver: {type(e).__name__}: {str(e).splitlines()[0]}"
+
+
+@dataclass
+class DeviceArray:
+    """A typed view of device memory: a pointer, a shape and a dtype name, plus the allocation it lives in."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: str
+    owner: object = None  # keeps the cuda.core Buffer (or arena) alive while any view exists
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * DTYPES[self.dtype][0]
+
+    @property
+    def arg(self) -> np.uint64:
+        """The pointer as a kernel argument (cuda.core packs numpy scalars by their C type)."""
+        return np.uint64(self.ptr)
+
+    def view(self, byte_offset: int, shape: tuple[int, ...], dtype: str | None = None) -> "DeviceArray":
+        dtype = dtype or self.dtype
+        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][0]
+        if byte_offset < 0 or byte_offset + nbytes > self.nbytes:
+            raise ValueError(f"view [{byte_offset}, {byte_offset + nbytes}) outside an array of {self.nbytes} bytes")
+        return DeviceArray(self.ptr + byte_offset, tuple(shape), dtype, self.owner)
+
+
+class PinnedBuffer:
+    """Page-locked host memory: the DMA engine reads it directly, so host->device copies run at PCIe speed
+    and can be asynchronous. `array` is a uint8 numpy view of it."""
+
+    def __init__(self, nbytes: int):
+        from cuda.core import LegacyPinnedMemoryResource
+
+        self.buffer = LegacyPinnedMemoryResource().allocate(nbytes)
+        self.ptr = int(self.buffer.handle)
+        self.nbytes = nbytes
+        self.array = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(self.ptr), dtype=np.uint8)
+
+
+class Gpu:
+    """The device, its one stream, and the memory operations the stages need."""
+
+    def __init__(self, device_id: int = 0):
+        ok, why = has_gpu()
+        if not ok:
+            raise NoGpuError(f"no GPU: {why}")
+        from cuda.core import Device
+
+        self.device = Device(device_id)
+        self.device.set_current()
+        self.stream = self.device.create_stream()
+        self.name = self.device.name
+        major, minor = self.device.compute_capability
+        self.arch = f"sm_{major}{minor}"
+        self._staging: PinnedBuffer | None = None
+
+    # ---------------------------------------------------------------- memory
+    def empty(self, shape: tuple[int, ...], dtype: str) -> DeviceArray:
+        nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][0])
+        buf = self.device.allocate(nbytes, stream=self.stream)
+        return DeviceArray(int(buf.handle), tuple(shape), dtype, buf)
+
+    def fill_bytes(self, arr: DeviceArray, byte: int) -> None:
+        """Set every byte (used to poison outputs before a kernel test: 0xFF makes bf16/f32 NaNs)."""
+        driver = _driver()
+        check(driver.cuMemsetD8Async(arr.ptr, byte, arr.nbytes, self.stream.handle), "cuMemsetD8Async")
+
+    def staging(self, nbytes: int) -> PinnedBuffer:
+        """A reusable pinned buffer of at least nbytes (grown, never shrunk)."""
+        if self._staging is None or self._staging.nbytes < nbytes:
+            if self._staging is not None:
+                self.sync()  # an in-flight copy may still read the old one
+            self._staging = PinnedBuffer(nbytes)
+        return self._staging
+
+    def copy_to_device_async(self, dst_ptr: int, src_host_ptr: int, nbytes: int) -> None:
+        check(_driver().cuMemcpyHtoDAsync(dst_ptr, src_host_ptr, nbytes, self.stream.handle), "cuMemcpyHtoDAsync")
+
+    def copy_to_host_async(self, dst_host_ptr: int, src_ptr: int, nbytes: int) -> None:
+        check(_driver().cuMemcpyDtoHAsync(dst_host_ptr, src_ptr, nbytes, self.stream.handle), "cuMemcpyDtoHAsync")
+
+    def to_device(self, host: np.ndarray, dtype: str | None = None) -> DeviceArray:
+        """Copy a numpy array to a new device array through the pinned staging buffer.
+        bf16 data is passed as uint16 bit patterns with dtype="bf16"."""
+        host = np.ascontiguousarray(host)
+        dtype = dtype or _dtype_name(host.dtype)
+        if DTYPES[dtype][1] != host.dtype.type:
+            raise TypeError(f"host array of {host.dtype} cannot be uploaded as {dtype}")
+        out = self.empty(host.shape, dtype)
+        stage = self.staging(host.nbytes)
+        self.sync()  # the staging buffer may still feed an earlier copy
+        stage.array[: host.nbytes] = host.reshape(-1).view(np.uint8)
+        self.copy_to_device_async(out.ptr, stage.ptr, host.nbytes)
+        self.sync()
+        return out
+
+    def to_host(self, arr: DeviceArray) -> np.ndarray:
+        """Copy a device array back into a fresh numpy array (waits for all queued work)."""
+        stage = self.staging(arr.nbytes)
+        self.copy_to_host_async(stage.ptr, arr.ptr, arr.nbytes)
+        self.sync()
+        return stage.array[: arr.nbytes].view(DTYPES[arr.dtype][1]).reshape(arr.shape).copy()
+
+    def memory(self) -> tuple[int, int]:
+        """(free bytes, total bytes) on the device."""
+        free, total = check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    # ---------------------------------------------------------------- work and time
+    def launch(self, kernel, config, *args) -> None:
+        from cuda.core import launch
+
+        launch(self.stream, config, kernel, *args)
+
+    def sync(self) -> None:
+        self.stream.sync()
+
+    def record(self):
+        """Record a timing event on the stream; `end - start` of two events is milliseconds of GPU time."""
+        from cuda.core import EventOptions
+
+        return self.stream.record(options=EventOptions(enable_timing=True))
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    for name, (_, host) in DTYPES.items():
+        if host == dtype.type and name != "bf16":
+            return name
+    raise TypeError(f"no device dtype for numpy {dtype}")
+
+
+@functools.cache
+def get_gpu() -> Gpu:
+    """The process's one Gpu (device 0). Raises NoGpuError, with the reason, where there is none."""
+    return Gpu(0)

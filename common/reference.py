@@ -1,0 +1,142 @@
+"""The numpy reference: a float32 Llama forward, written for clarity, and an engine with the stage API on top.
+
+Every stage is checked against this; this is checked against Hugging Face transformers (tests/test_reference_hf.py).
+Notation: T tokens, H hidden, nh query heads, nkv key/value heads, hd head_dim, V vocab.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from common.checkpoint import Checkpoint
+from common.config import LlamaConfig
+from common.outputs import RequestOutput
+from common.prompts import PromptPreparer
+from common.sampling import SamplingParams
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+    """theta_i = rope_theta^(-2i/hd), i < hd/2, with Llama 3 scaling: wavelengths longer than
+    original_max/low_freq_factor are divided by `factor`, shorter than original_max/high_freq_factor kept,
+    and a linear ramp (in 1/wavelength) between."""
+    hd = cfg.head_dim
+    inv = 1.0 / cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)  # (hd/2,)
+    r = cfg.rope_scaling
+    if r is None:
+        return inv
+    wavelen = 2 * np.pi / inv
+    low_wavelen = r.original_max_position_embeddings / r.low_freq_factor
+    high_wavelen = r.original_max_position_embeddings / r.high_freq_factor
+    scaled = np.where(wavelen > low_wavelen, inv / r.factor, inv)
+    smooth = (r.original_max_position_embeddings / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, (1 - smooth) * scaled / r.factor + smooth * scaled, scaled)
+
+
+def rope_cos_sin(cfg: LlamaConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    angles = np.outer(positions, rope_inv_freq(cfg))                  # (T, hd/2)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate pairs (x_i, x_{i+hd/2}) by angle pos*theta_i (Hugging Face's rotate-half layout)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]                               # (T, n, hd/2) each
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+class ReferenceModel:
+    """float32 weights (widened from the file's bf16) and the forward pass."""
+
+    def __init__(self, checkpoint: Checkpoint):
+        self.config = cfg = checkpoint.config
+        self.w = {name: checkpoint.f32(name) for name in checkpoint.entries}
+        self.lm_head = self.w["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+
+    def hidden(self, token_ids) -> np.ndarray:
+        """Final-normed hidden states (T, H) of a whole sequence, positions 0..T-1."""
+        cfg, w = self.config, self.w
+        ids = np.asarray(token_ids, dtype=np.int64)
+        T, nh, nkv, hd = len(ids), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        cos, sin = rope_cos_sin(cfg, np.arange(T))
+        causal = np.triu(np.full((T, T), -np.inf, dtype=np.float32), k=1)  # (T, T): -inf above the diagonal
+        x = w["model.embed_tokens.weight"][ids]                            # (T, H)
+        for layer in range(cfg.num_hidden_layers):
+            p = f"model.layers.{layer}."
+            h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+            q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, nh, hd)
+            k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd)
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            group = nh // nkv                                              # query heads per KV head (GQA)
+            k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (T, nh, hd)
+            scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + causal  # (nh, T, T)
+            attn = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(T, nh * hd)
+            x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+            gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+            x = x + (silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+        return rms_norm(x, w["model.norm.weight"], cfg.rms_norm_eps)
+
+    def forward(self, token_ids) -> np.ndarray:
+        """Logits (T, V) float32 at every position."""
+        return self.hidden(token_ids) @ self.lm_head.T
+
+    def last_logits(self, token_ids) -> np.ndarray:
+        return self.hidden(token_ids)[-1] @ self.lm_head.T                 # (V,)
+
+
+def sample_reference(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Greedy, or temperature + top-k + top-p (the definitions the GPU sampler is tested against)."""
+    if params.greedy:
+        return int(np.argmax(logits))
+    probs = softmax(logits.astype(np.float64) / params.temperature)
+    order = np.argsort(-probs, kind="stable")
+    keep = len(order) if params.top_k in (0, -1) else min(params.top_k, len(order))
+    cum = np.cumsum(probs[order[:keep]])
+    keep = min(keep, int(np.searchsorted(cum, params.top_p)) + 1)      # smallest prefix reaching top_p
+    kept = order[:keep]
+    return int(rng.choice(kept, p=probs[kept] / probs[kept].sum()))
+
+
+class ReferenceEngine:
+    """The stage API on the numpy model, no cache: each step re-runs the whole sequence. Slow, obviously right."""
+
+    def __init__(self, model: str, max_model_len: int | None = None):
+        from common.synthetic import resolve_model
+
+        folder = resolve_model(model)
+        self.checkpoint = Checkpoint(folder)
+        self.model = ReferenceModel(self.checkpoint)
+        self.prompts = PromptPreparer(folder, self.checkpoint.config, max_model_len)
+        self.max_model_len = self.prompts.max_model_len
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        prompts = self.prompts.normalise(prompts)
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        outs = []
+        for rid, (prompt, p) in enumerate(zip(prompts, params_list)):
+            ids = self.prompts.encode(prompt)
+            rng = np.random.default_rng(p.seed)
+            stop = self.prompts.stop_ids(p)
+            seq, new, reason = list(ids), [], None
+            while reason is None:
+                tok = sample_reference(self.model.last_logits(seq), p, rng)
+                seq.append(tok)
+                new.append(tok)
+                reason = self.prompts.finish_reason(new, len(seq), p, stop)
+            outs.append(RequestOutput(rid, ids, new, self.prompts.tokenizer.decode(new), reason))
+        return outs

@@ -1,0 +1,18 @@
+"""python -m stage01_loading prints a model card, with or without a GPU."""
+from common.device import has_gpu
+from stage01_loading.__main__ import main
+
+
+def test_model_card_on_tiny(tiny_dir, capsys):
+    assert main(["--model", str(tiny_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "2 layers, hidden 64" in out and "total" in out and "GB in bf16" in out
+    if has_gpu()[0]:
+        assert "tensors on the GPU equal the file bytes" in out
+    else:
+        assert out.count("no GPU") == 1
+
+
+def test_bad_folder_is_one_clear_line(tmp_path, capsys):
+    assert main(["--model", str(tmp_path)]) == 2
+    assert "config.json: not found" in capsys.readouterr().err

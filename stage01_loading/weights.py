@@ -1,0 +1,127 @@
+"""Weights from a validated checkpoint onto the GPU: one device arena, one pinned staging pass.
+
+Path of every byte:  file --(page cache / disk, mmap)--> pinned staging buffer --(DMA over PCIe)--> GPU arena
+  * pinned (page-locked) host memory is what the copy engine can read directly; from ordinary pageable memory
+    the driver would first copy into a pinned bounce buffer of its own, and the copy could not overlap our work;
+  * two staging slots alternate: while the DMA engine drains one, the CPU fills the other from the file;
+  * one arena (a single cudaMalloc) holds every tensor at a 256-byte aligned offset: one allocation, no
+    fragmentation, and the whole model is one address range;
+  * tied embeddings (Llama 3.2 1B): lm_head is the same device memory as embed_tokens, not a copy.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.checkpoint import Checkpoint
+from common.device import DeviceArray, Gpu
+
+ALIGN = 256
+STAGING_SLOT_BYTES = 64 << 20   # two slots of 64 MiB: large enough for full-speed DMA, small enough to pin fast
+
+
+@dataclass
+class LoadStats:
+    bytes: int              # weight bytes copied to the GPU
+    seconds: float          # file read + staging + copy, until the GPU has every byte
+    gpu_bytes_used: int     # drop in free device memory across the load (arena + allocator rounding)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9
+
+
+class GpuWeights:
+    """name -> DeviceArray of every model tensor (HF names); `lm_head` resolves the tie."""
+
+    def __init__(self, arena: DeviceArray, tensors: dict[str, DeviceArray], tied: bool, stats: LoadStats):
+        self.arena, self.tensors, self.tied, self.stats = arena, tensors, tied, stats
+
+    def __getitem__(self, name: str) -> DeviceArray:
+        return self.tensors[name]
+
+    @property
+    def lm_head(self) -> DeviceArray:
+        return self.tensors["model.embed_tokens.weight" if self.tied else "lm_head.weight"]
+
+
+def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True) -> GpuWeights:
+    free_before, _ = gpu.memory()
+    start = time.perf_counter()
+    entries = ckpt.file_order()
+    offsets, total = {}, 0
+    for e in entries:
+        offsets[e.name] = total
+        total += -(-e.nbytes // ALIGN) * ALIGN
+    arena = gpu.empty((total,), "u8")
+    stage = gpu.staging(2 * STAGING_SLOT_BYTES)   # one pinned block, used as two slots
+    slot_done = [None, None]                        # event: the DMA out of that half has finished
+    copied, slot, bar = 0, 0, _Progress(ckpt.total_bytes, progress)
+    for e in entries:
+        src = ckpt.raw(e.name).reshape(-1).view(np.uint8)
+        for lo in range(0, e.nbytes, STAGING_SLOT_BYTES):
+            piece = src[lo:lo + STAGING_SLOT_BYTES]
+            if slot_done[slot] is not None:
+                slot_done[slot].sync()              # do not overwrite bytes the DMA engine is still reading
+            base = slot * STAGING_SLOT_BYTES
+            stage.array[base:base + len(piece)] = piece      # file -> pinned (reads the page cache / disk)
+            gpu.copy_to_device_async(arena.ptr + offsets[e.name] + lo, stage.ptr + base, len(piece))
+            slot_done[slot] = gpu.stream.record()
+            slot ^= 1
+            copied += len(piece)
+            bar.update(copied)
+    gpu.sync()
+    seconds = time.perf_counter() - start
+    bar.close()
+    tensors = {e.name: arena.view(offsets[e.name], e.shape, "bf16") for e in entries}
+    tied = ckpt.config.tie_word_embeddings
+    if tied:
+        tensors.pop("lm_head.weight", None)  # a tied checkpoint may still carry one: it is not used
+    stats = LoadStats(copied, seconds, free_before - gpu.memory()[0])
+    return GpuWeights(arena, tensors, tied, stats)
+
+
+# ---------------------------------------------------------------------------- verification
+def host_checksum(words: np.ndarray, chunk: int = 1 << 24) -> int:
+    """sum_i (w_i + 1)(2i + 1) mod 2^64 over uint16 words: the same sum as kernels/checksum.cu."""
+    flat = words.reshape(-1)
+    total = np.uint64(0)
+    for lo in range(0, flat.size, chunk):
+        w = flat[lo:lo + chunk].astype(np.uint64) + np.uint64(1)
+        i = np.arange(lo, lo + w.size, dtype=np.uint64)
+        total += np.sum(w * (np.uint64(2) * i + np.uint64(1)), dtype=np.uint64)  # numpy wraps mod 2^64
+    return int(total)
+
+
+def verify(weights: GpuWeights, ckpt: Checkpoint, kernels) -> list[str]:
+    """Checksum every tensor on the GPU and in the file; returns the names that differ (empty = identical)."""
+    names = list(weights.tensors)
+    sums = kernels.gpu.empty((len(names),), "u64")
+    kernels.gpu.fill_bytes(sums, 0)
+    for i, name in enumerate(names):
+        kernels.checksum(weights.tensors[name], sums.view(8 * i, (1,)))
+    gpu_sums = kernels.gpu.to_host(sums)
+    return [n for n, s in zip(names, gpu_sums) if int(s) != host_checksum(ckpt.raw(n))]
+
+
+class _Progress:
+    """A one-line progress bar on stderr (no dependency): bytes copied, percent, GB/s so far."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.start, self.shown = total, enabled and total > 256 << 20, time.perf_counter(), -1
+
+    def update(self, done: int) -> None:
+        pct = int(100 * done / self.total)
+        if self.enabled and pct != self.shown:
+            self.shown = pct
+            rate = done / max(time.perf_counter() - self.start, 1e-9) / 1e9
+            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+            print(f"\r  loading [{bar}] {pct:3d}%  {done / 1e9:5.2f}/{self.total / 1e9:.2f} GB  {rate:5.2f} GB/s",
+                  end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)

@@ -1,0 +1,52 @@
+"""Each stage is a copy of the previous one plus one idea. Its README names, in a ```lineage block, exactly the
+files it adds, changes or removes against the previous stage (the first stage: all of its files). A fix that
+reached one copy but not the next shows up here as an unlisted difference."""
+import filecmp
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = sorted(p for p in ROOT.glob("stage[0-9][0-9]_*") if p.is_dir())
+SKIP = {"__pycache__", ".pytest_cache", ".benchmarks"}
+
+
+def stage_files(stage: Path) -> set[str]:
+    return {str(p.relative_to(stage)) for p in stage.rglob("*")
+            if p.is_file() and not SKIP & set(p.relative_to(stage).parts) and p.suffix != ".pyc"}
+
+
+def listed(stage: Path) -> set[str]:
+    text = (stage / "README.md").read_text()
+    m = re.search(r"```lineage\n(.*?)```", text, re.S)
+    assert m, f"{stage.name}/README.md has no ```lineage block"
+    return {line.split("#")[0].strip() for line in m.group(1).splitlines() if line.split("#")[0].strip()}
+
+
+def test_there_is_a_first_stage():
+    assert STAGES and STAGES[0].name == "stage01_loading"
+
+
+@pytest.mark.parametrize("index", range(len(STAGES)), ids=[s.name for s in STAGES])
+def test_lineage_list_is_exactly_the_difference(index):
+    stage = STAGES[index]
+    files = stage_files(stage)
+    if index == 0:
+        changed = files
+    else:
+        prev = STAGES[index - 1]
+        before = stage_files(prev)
+        changed = (files ^ before) | {f for f in files & before
+                                      if not filecmp.cmp(stage / f, prev / f, shallow=False)}
+    assert listed(stage) == changed, (f"{stage.name}: listed but unchanged {sorted(listed(stage) - changed)}; "
+                                      f"changed but unlisted {sorted(changed - listed(stage))}")
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=[s.name for s in STAGES])
+def test_stage_never_imports_another_stage(stage):
+    for py in stage.rglob("*.py"):
+        for other in STAGES:
+            if other != stage:
+                assert not re.search(rf"^\s*(from|import)\s+{other.name}\b", py.read_text(), re.M), \
+                    f"{py.relative_to(ROOT)} imports {other.name}"
