@@ -187,7 +187,7 @@ class Gpu:
         """Record a timing event on the stream; `end - start` of two events is milliseconds of GPU time."""
         from cuda.core import EventOptions
 
-        return self.stream.record(options=EventOptions(enable_timing=True))
+        return self.stream.record(options=EventOptions(timing_enabled=True))
 
 
 def _dtype_name(dtype: np.dtype) -> str:

@@ -1,6 +1,6 @@
 """Weights from a validated checkpoint onto the GPU: one device arena, one pinned staging pass.
 
-Path of every byte:  file --(page cache / disk, mmap)--> pinned staging buffer --(DMA over PCIe)--> GPU arena
+Path of every byte:  file --(page cache / disk, read)--> pinned staging buffer --(DMA over PCIe)--> GPU arena
   * pinned (page-locked) host memory is what the copy engine can read directly; from ordinary pageable memory
     the driver would first copy into a pinned bounce buffer of its own, and the copy could not overlap our work;
   * two staging slots alternate: while the DMA engine drains one, the CPU fills the other from the file;
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from common.checkpoint import Checkpoint
+from common.checkpoint import Checkpoint, CheckpointError
 from common.device import DeviceArray, Gpu
 
 ALIGN = 256
@@ -60,19 +61,24 @@ def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True) -> GpuWeight
     stage = gpu.staging(2 * STAGING_SLOT_BYTES)   # one pinned block, used as two slots
     slot_done = [None, None]                        # event: the DMA out of that half has finished
     copied, slot, bar = 0, 0, _Progress(ckpt.total_bytes, progress)
+    files = {}
     for e in entries:
-        src = ckpt.raw(e.name).reshape(-1).view(np.uint8)
+        f = files.get(e.file) or files.setdefault(e.file, open(e.file, "rb", buffering=0))
+        f.seek(e.offset)
         for lo in range(0, e.nbytes, STAGING_SLOT_BYTES):
-            piece = src[lo:lo + STAGING_SLOT_BYTES]
+            n = min(STAGING_SLOT_BYTES, e.nbytes - lo)
             if slot_done[slot] is not None:
                 slot_done[slot].sync()              # do not overwrite bytes the DMA engine is still reading
             base = slot * STAGING_SLOT_BYTES
-            stage.array[base:base + len(piece)] = piece      # file -> pinned (reads the page cache / disk)
-            gpu.copy_to_device_async(arena.ptr + offsets[e.name] + lo, stage.ptr + base, len(piece))
+            if f.readinto(memoryview(stage.array)[base:base + n]) != n:   # file -> pinned, no extra copy
+                raise CheckpointError(f"{e.file}: short read in tensor {e.name!r}: the file changed while loading")
+            gpu.copy_to_device_async(arena.ptr + offsets[e.name] + lo, stage.ptr + base, n)
             slot_done[slot] = gpu.stream.record()
             slot ^= 1
-            copied += len(piece)
+            copied += n
             bar.update(copied)
+    for f in files.values():
+        f.close()
     gpu.sync()
     seconds = time.perf_counter() - start
     bar.close()
@@ -85,15 +91,20 @@ def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True) -> GpuWeight
 
 
 # ---------------------------------------------------------------------------- verification
-def host_checksum(words: np.ndarray, chunk: int = 1 << 24) -> int:
-    """sum_i (w_i + 1)(2i + 1) mod 2^64 over uint16 words: the same sum as kernels/checksum.cu."""
+def host_checksum(words: np.ndarray, chunk: int = 1 << 22) -> int:
+    """sum_i (w_i + 1)(2i + 1) mod 2^64 over uint16 words: the same sum as kernels/checksum.cu.
+
+    Per chunk starting at word lo:  sum_j (w+1)(2(lo+j)+1) = sum_j (w+1)(2j+1) + 2 lo sum_j (w+1),
+    so one (2j+1) table serves every chunk; chunks run on all cores (numpy releases the GIL)."""
     flat = words.reshape(-1)
-    total = np.uint64(0)
-    for lo in range(0, flat.size, chunk):
+    odd = np.arange(1, 2 * min(chunk, max(flat.size, 1)), 2, dtype=np.uint64)   # 2j + 1
+
+    def part(lo: int) -> int:
         w = flat[lo:lo + chunk].astype(np.uint64) + np.uint64(1)
-        i = np.arange(lo, lo + w.size, dtype=np.uint64)
-        total += np.sum(w * (np.uint64(2) * i + np.uint64(1)), dtype=np.uint64)  # numpy wraps mod 2^64
-    return int(total)
+        return int(np.dot(w, odd[:w.size])) + 2 * lo * int(w.sum())   # uint64 dot wraps mod 2^64: fine
+
+    with ThreadPoolExecutor() as pool:
+        return sum(pool.map(part, range(0, flat.size, chunk))) % 2**64
 
 
 def verify(weights: GpuWeights, ckpt: Checkpoint, kernels) -> list[str]:
