@@ -17,7 +17,7 @@ date -u | tee -a "$logs/gpu.txt"
 run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rs
 run cli python3 -m stage01_loading
 run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
-    --benchmark-json "$logs/bench_load.json" -q
+    --benchmark-json "$logs/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr " " -)_$(date -u +%F)_pytest-bench-load.json" -q
 run harness python3 -m common.bench --stages 01 --workload load --repeats 3 --out "$logs"
 run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
 echo "== overall status $status"

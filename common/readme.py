@@ -1,0 +1,92 @@
+"""Tables in the READMEs, generated from code and committed results (never typed by hand).
+
+    python -m common.readme          # rewrite every generated block
+    python -m common.readme --check  # exit 1 if a README is out of date (tests/test_readme.py runs this)
+
+A generated block sits between `<!-- generated:NAME -->` and `<!-- end:NAME -->`; NAME picks the generator.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def stage_ladder() -> str:
+    """The stage table of the top README: every stage folder with the first line of its chapter."""
+    rows = ["| stage | the one idea | chapter |", "| --- | --- | --- |"]
+    for stage in sorted(p for p in ROOT.glob("stage[0-9][0-9]_*") if (p / "README.md").exists()):
+        title = (stage / "README.md").read_text().splitlines()[0].lstrip("# ").strip()
+        idea = title.split(":", 1)[-1].strip()
+        rows.append(f"| `{stage.name}` | {idea} | [{stage.name}/README.md]({stage.name}/README.md) |")
+    return "\n".join(rows)
+
+
+def presets() -> str:
+    from common.synthetic import PRESETS
+
+    rows = ["| preset | layers | hidden | heads / KV heads | head_dim | MLP | vocab | parameters | bf16 bytes |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, c in PRESETS.items():
+        n = c.num_parameters()
+        rows.append(f"| `{name}` | {c.num_hidden_layers} | {c.hidden_size} | {c.num_attention_heads} / "
+                    f"{c.num_key_value_heads} | {c.head_dim} | {c.intermediate_size} | {c.vocab_size:,} | "
+                    f"{n:,} | {2 * n / 1e9:.3f} GB |")
+    return "\n".join(rows)
+
+
+def load_results() -> str:
+    """stage01's figures: every committed load result (harness JSON and pytest-benchmark JSON)."""
+    rows = ["| date | GPU | measured by | load to GPU, GB/s | plain read of the same bytes, GB/s |",
+            "| --- | --- | --- | --- | --- |"]
+    for path in sorted(RESULTS.glob("*_load.json")):
+        r = json.loads(path.read_text())
+        s = r["stages"]["stage01_loading"]
+        rows.append(f"| {r['date']} | {r['environment']['gpu']} | `common.bench` (median of "
+                    f"{len(r['raw']['stage01_loading'])} processes) | {s['load_gb_per_s']:.2f} | "
+                    f"{s['plain_read_gb_per_s']:.2f} |")
+    for path in sorted(RESULTS.glob("*_pytest-bench-load.json")):
+        r = json.loads(path.read_text())
+        by = {b["name"]: b for b in r["benchmarks"]}
+        load, read = by["test_load_to_gpu"], by["test_plain_read"]
+        gpu = path.name.split("_")[0].replace("-", " ")
+        rows.append(f"| {r['datetime'][:10]} | {gpu} | `bench_load.py` (median of {load['stats']['rounds']}) | "
+                    f"{load['extra_info']['bytes'] / load['stats']['median'] / 1e9:.2f} | "
+                    f"{read['extra_info']['bytes'] / read['stats']['median'] / 1e9:.2f} |")
+    return "\n".join(rows)
+
+
+GENERATORS = {"stage-ladder": stage_ladder, "presets": presets, "load-results": load_results}
+BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- end:\2 -->)", re.S)
+
+
+def render(text: str) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + GENERATORS[m.group(2)]() + "\n" + m.group(4), text)
+
+
+def readmes() -> list[Path]:
+    return [ROOT / "README.md", *sorted(ROOT.glob("stage[0-9][0-9]_*/README.md"))]
+
+
+def main(argv=None) -> int:
+    check = "--check" in (argv if argv is not None else sys.argv[1:])
+    stale = []
+    for path in readmes():
+        old = path.read_text()
+        new = render(old)
+        if new != old:
+            stale.append(path)
+            if not check:
+                path.write_text(new)
+    if check and stale:
+        print("out of date (run python -m common.readme): " + ", ".join(str(p.relative_to(ROOT)) for p in stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
