@@ -2,6 +2,7 @@
 
     pytest stage01_loading/bench_load.py --benchmark-only -m gpu      # the 1B preset: 2.47 GB
 The first call writes the preset (once) and warms the page cache, so both measure memory, not the disk.
+`serial` is one pinned slot filled by one thread (copy, then DMA, then copy...); `4-threads` is the loader's default.
 """
 import numpy as np
 import pytest
@@ -26,14 +27,15 @@ def test_plain_read(benchmark, checkpoint):
 
 
 @pytest.mark.gpu
-def test_load_to_gpu(benchmark, checkpoint):
+@pytest.mark.parametrize("slots", [1, 4], ids=["serial", "4-threads"])
+def test_load_to_gpu(benchmark, checkpoint, slots):
     from common.device import get_gpu
     from stage01_loading.weights import load_weights
 
     gpu = get_gpu()
 
     def load():
-        w = load_weights(checkpoint, gpu, progress=False)
+        w = load_weights(checkpoint, gpu, progress=False, slots=slots)
         return w.stats.gb_per_s   # w (and its arena) is freed when it goes out of scope
 
     gbps = benchmark.pedantic(load, rounds=5, warmup_rounds=1)

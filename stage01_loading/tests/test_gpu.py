@@ -91,3 +91,12 @@ def test_1b_preset_loads_and_verifies():
     engine = Engine("llama-3.2-1b")
     assert engine.weights.stats.bytes == 2 * 1_235_814_400
     assert engine.verify() == []
+
+
+@pytest.mark.parametrize("slots", [1, 2, 7])
+def test_any_number_of_staging_slots_copies_exactly(tiny_sharded_dir, kernels, slots):
+    from stage01_loading.weights import load_weights, verify
+
+    ckpt = Checkpoint(tiny_sharded_dir)
+    weights = load_weights(ckpt, kernels.gpu, progress=False, slots=slots)
+    assert verify(weights, ckpt, kernels) == []
