@@ -1,9 +1,12 @@
-"""python -m stage01_loading [--model DIR|PRESET]: load a checkpoint onto the GPU and print its model card."""
+"""python -m stage01_loading [--model DIR|PRESET] [--prompt TEXT [--chat]]: load a checkpoint onto the GPU, print
+its model card, and (with --prompt) the prompt's token ids and their embedding rows, gathered on the GPU."""
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+
+import numpy as np
 
 from common.checkpoint import Checkpoint, CheckpointError
 from common.config import ConfigError
@@ -39,6 +42,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m stage01_loading", description=__doc__)
     ap.add_argument("--model", default=DEFAULT_PRESET,
                     help=f"checkpoint folder or preset ({', '.join(PRESETS)}); default: {DEFAULT_PRESET}")
+    ap.add_argument("--prompt", help="tokenize this and gather its embedding rows (the stage's one kernel)")
+    ap.add_argument("--chat", action="store_true", help="wrap --prompt in the Llama 3.2 Instruct chat template")
     args = ap.parse_args(argv)
     if args.model in PRESETS:
         print(f"[{args.model}] synthetic checkpoint: random weights (meaningless text, real shapes and speed)")
@@ -68,7 +73,23 @@ def main(argv=None) -> int:
         return 1
     print(f"check      all {len(engine.weights.tensors)} tensors on the GPU equal the file bytes "
           f"(64-bit positional checksums, {took:.1f} s)")
+    if args.prompt is not None:
+        show_embedding(engine, args.prompt, args.chat)
     return 0
+
+
+def show_embedding(engine, prompt: str, chat: bool) -> None:
+    """The first step of every forward pass, on the GPU: token ids -> hidden rows (T, H)."""
+    from common.bf16 import bf16_to_f32
+    from common.tokenizer import Tokenizer
+
+    tok = Tokenizer(engine.folder)
+    ids = tok.encode_chat(prompt) if chat else tok.encode(prompt)
+    rows = bf16_to_f32(engine.embed(ids))                                   # (T, H)
+    same = (engine.embed(ids) == engine.checkpoint.raw("model.embed_tokens.weight")[ids]).all()
+    print(f"prompt     {len(ids)} tokens: {ids[:16]}{' ...' if len(ids) > 16 else ''}")
+    print(f"embedding  ({rows.shape[0]}, {rows.shape[1]}) bf16 gathered on the GPU; row 0 starts "
+          f"{np.array2string(rows[0, :4], precision=4)}; rows equal the file's: {bool(same)}")
 
 
 if __name__ == "__main__":

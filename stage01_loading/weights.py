@@ -92,11 +92,8 @@ def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True, slots: int =
     seconds = time.perf_counter() - start
     bar.close()
     tensors = {e.name: arena.view(offsets[e.name], e.shape, "bf16") for e in entries}
-    tied = ckpt.config.tie_word_embeddings
-    if tied:
-        tensors.pop("lm_head.weight", None)  # a tied checkpoint may still carry one: it is not used
     stats = LoadStats(copied, seconds, free_before - gpu.memory()[0])
-    return GpuWeights(arena, tensors, tied, stats)
+    return GpuWeights(arena, tensors, ckpt.config.tie_word_embeddings, stats)
 
 
 # ---------------------------------------------------------------------------- verification

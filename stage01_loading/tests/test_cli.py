@@ -16,3 +16,12 @@ def test_model_card_on_tiny(tiny_dir, capsys):
 def test_bad_folder_is_one_clear_line(tmp_path, capsys):
     assert main(["--model", str(tmp_path)]) == 2
     assert "config.json: not found" in capsys.readouterr().err
+
+
+def test_prompt_shows_ids_and_gpu_rows(tiny_dir, capsys):
+    assert main(["--model", str(tiny_dir), "--prompt", "Hello, world!", "--chat"]) == 0
+    out = capsys.readouterr().out
+    if has_gpu()[0]:
+        assert "prompt     " in out and "rows equal the file's: True" in out
+    else:
+        assert "no GPU" in out and "prompt     " not in out
