@@ -15,7 +15,7 @@ run() { local name=$1; shift; echo "== $name: $*"; "$@" 2>&1 | tee "$logs/$name.
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
 date -u | tee -a "$logs/gpu.txt"
 run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rs
-run cli python3 -m stage01_loading
+run cli python3 -m stage01_loading --prompt "Hello, world!" --chat
 run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
     --benchmark-json "$logs/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr " " -)_$(date -u +%F)_pytest-bench-load.json" -q
 run harness python3 -m common.bench --stages 01 --workload load --repeats 3 --out "$logs"
