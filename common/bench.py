@@ -115,6 +115,9 @@ def environment() -> dict:
             env[pkg] = importlib.import_module(pkg).__version__
         except Exception:
             env[pkg] = None
+    if env["gpu"]:
+        from common.device import get_gpu
+        env["copy_bandwidth_gb_per_s"] = round(get_gpu().copy_bandwidth_gbps(), 1)
     try:
         from common.compile import nvrtc_version
         env["nvrtc"] = nvrtc_version()

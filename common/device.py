@@ -183,6 +183,21 @@ class Gpu:
     def sync(self) -> None:
         self.stream.sync()
 
+    def copy_bandwidth_gbps(self, nbytes: int = 1 << 30, repeats: int = 10) -> float:
+        """Device-to-device copy rate, counting bytes read plus bytes written (the ceiling a memory-bound kernel
+        is measured against). Median of `repeats` event-timed copies after one warm-up."""
+        src, dst = self.empty((nbytes,), "u8"), self.empty((nbytes,), "u8")
+        self.fill_bytes(src, 0x3C)  # not zeros: a copy of zeros can run faster than real data
+        times = []
+        for i in range(repeats + 1):
+            start = self.record()
+            check(_driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, self.stream.handle), "cuMemcpyDtoDAsync")
+            end = self.record()
+            end.sync()
+            if i:
+                times.append(end - start)
+        return 2 * nbytes / (sorted(times)[len(times) // 2] / 1e3) / 1e9
+
     def record(self):
         """Record a timing event on the stream; `end - start` of two events is milliseconds of GPU time."""
         from cuda.core import EventOptions

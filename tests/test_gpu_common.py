@@ -27,6 +27,11 @@ def test_events_time_gpu_work():
     assert end - start > 0
 
 
+def test_copy_bandwidth_is_measured():
+    gbps = get_gpu().copy_bandwidth_gbps(nbytes=1 << 26, repeats=3)
+    assert np.isfinite(gbps) and gbps > 0
+
+
 @pytest.mark.parametrize("M, N, K, out", [(1, 2048, 2048, "bf16"), (37, 1000, 72, "bf16"), (129, 300, 520, "f32"),
                                           (5, 128256, 64, "f32")])
 def test_linear_matches_numpy(M, N, K, out):
