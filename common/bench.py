@@ -98,12 +98,46 @@ def run_generate(stage: str, model: str, workload: str, repeats: int) -> dict:
         engine.generate(prompts[:1], params[0])  # warm-up: compile and first-touch excluded
     except NotImplementedError as e:
         return {"unsupported": str(e)}
-    runs = []
+    runs, steps, ttfts = [], [], []
     for _ in range(repeats):
         t = time.perf_counter()
         outs = engine.generate(prompts, params)
         runs.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t))
-    return {"output_tok_per_s": statistics.median(runs), "runs": runs}
+        for timing in getattr(engine, "timings", []):
+            steps.extend(timing.step_s)
+            ttfts.append(timing.ttft_s)
+    out = {"output_tok_per_s": statistics.median(runs), "runs": runs}
+    if steps:   # requests one at a time (stages 02-03, baselines): per-request latency figures
+        out |= {"ms_per_decode_step": 1e3 * statistics.median(steps), "ttft_ms": 1e3 * statistics.median(ttfts),
+                "weight_bytes": Checkpoint(resolve_model(model)).total_bytes}
+    return out
+
+
+def gpu_and_host_ms(gpu, enqueue, repeats: int = 5) -> dict:
+    """Split one unit of queued GPU work (`enqueue()`, which must not wait for the GPU) into GPU time and the
+    host's time to queue it. A spin kernel holds the GPU while the host queues, so the events around the work
+    see it back to back, without launch gaps (common/kernels/spin.cu). Medians of `repeats`."""
+    from cuda.core import LaunchConfig
+
+    from common.compile import KernelModule
+
+    spin = KernelModule(Path(__file__).parent / "kernels" / "spin.cu", gpu.arch).kernel("spin")
+    one = LaunchConfig(grid=1, block=1)
+    gpu_ms, host_ms, hold_ns = [], [], 20_000_000
+    while len(gpu_ms) < repeats:
+        gpu.launch(spin, one, np.uint64(hold_ns))
+        t = time.perf_counter()
+        start = gpu.record()
+        enqueue()
+        end = gpu.record()
+        queued = time.perf_counter() - t
+        end.sync()
+        if queued * 1e9 > 0.8 * hold_ns:           # the GPU caught up with the host: hold it longer, retry
+            hold_ns *= 2
+            continue
+        gpu_ms.append(end - start)
+        host_ms.append(queued * 1e3)
+    return {"gpu_ms": statistics.median(gpu_ms), "host_queue_ms": statistics.median(host_ms)}
 
 
 def environment() -> dict:
@@ -127,8 +161,13 @@ def environment() -> dict:
 
 
 # ---------------------------------------------------------------------------- the driver
+BASELINES = {"hf": "common.hf_engine", "numpy": "common.reference"}   # exporting Engine, like a stage
+
+
 def stage_module(tag: str) -> str:
-    """"01" -> "stage01_loading"."""
+    """"01" -> "stage01_loading"; "hf" and "numpy" -> the baselines' modules."""
+    if tag in BASELINES:
+        return BASELINES[tag]
     root = Path(__file__).resolve().parents[1]
     found = sorted(p.name for p in root.glob(f"stage{int(tag):02d}_*") if (p / "__init__.py").exists())
     if not found:
@@ -138,7 +177,8 @@ def stage_module(tag: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--stages", default="01", help="comma-separated stage numbers, e.g. 02,03")
+    ap.add_argument("--stages", default="01",
+                    help="comma-separated stage numbers, e.g. 02,03, and baselines: " + ", ".join(BASELINES))
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="load")
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per process, and processes per stage")
@@ -164,6 +204,10 @@ def main(argv=None) -> int:
             results[s].append(json.loads(line[0][7:]))
     summary = summarise(results)
     env = environment()
+    for s in summary.values():   # model bandwidth utilisation: weight bytes read per step over the copy rate
+        if "ms_per_decode_step" in s and env.get("copy_bandwidth_gb_per_s"):
+            s["bandwidth_utilisation"] = s["weight_bytes"] / (s["ms_per_decode_step"] / 1e3) / (
+                env["copy_bandwidth_gb_per_s"] * 1e9)
     record = {"workload": asdict(WORKLOADS[a.workload]), "model": a.model, "date": datetime.date.today().isoformat(),
               "environment": env, "stages": summary, "raw": results}
     a.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """What generate() returns for each prompt, the same in every stage (vLLM's RequestOutput, flattened)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -15,3 +16,31 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def drain(request_id: int, prompt_ids: list[int], stream, tokenizer) -> RequestOutput:
+    """Run an engine's stream of (token id, finish reason) to its end and package the result."""
+    new, reason = [], None
+    for tok, reason in stream:
+        new.append(tok)
+    return RequestOutput(request_id, prompt_ids, new, tokenizer.decode(new), reason)
+
+
+@dataclass
+class Timing:
+    """Wall-clock times of one request as its user sees them (engines keep one per request in `timings`).
+    Create it when the request starts; call tick() as each new token reaches the host."""
+
+    prompt_tokens: int
+    ttft_s: float | None = None                                # request start -> first new token
+    step_s: list[float] = field(default_factory=list)          # each later token: time since the one before
+    start: float = field(default_factory=time.perf_counter, repr=False)
+    last: float = field(default=0.0, repr=False)
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if self.ttft_s is None:
+            self.ttft_s = now - self.start
+        else:
+            self.step_s.append(now - self.last)
+        self.last = now

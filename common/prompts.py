@@ -42,6 +42,15 @@ class PromptPreparer:
                               "(it needs room for at least one new token)")
         return ids
 
+    def requests(self, prompts, params: SamplingParams | list[SamplingParams]
+                 ) -> list[tuple[list[int], SamplingParams]]:
+        """generate()'s arguments -> (token ids, params) per request; every prompt is checked before any runs."""
+        prompts = self.normalise(prompts)
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise PromptError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
+        return [(self.encode(p), sp) for p, sp in zip(prompts, params_list)]
+
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
         return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.model_stop_ids))
 

@@ -61,7 +61,64 @@ def load_results() -> str:
     return "\n".join(rows)
 
 
-GENERATORS = {"stage-ladder": stage_ladder, "presets": presets, "load-results": load_results}
+def _pytest_bench(suffix: str) -> list[tuple[str, str, dict]]:
+    """(date, GPU, {test name: benchmark}) of every committed pytest-benchmark JSON named *_{suffix}.json."""
+    out = []
+    for path in sorted(RESULTS.glob(f"*_{suffix}.json")):
+        r = json.loads(path.read_text())
+        out.append((r["datetime"][:10], path.name.split("_")[0].replace("-", " "),
+                    {b["name"]: b for b in r["benchmarks"]}))
+    return out
+
+
+def forward_results() -> str:
+    """stage02's bench_forward.py figures: prefill tok/s, decode ms per step, and the decode-step split."""
+    lines = []
+    for date, gpu, b in _pytest_bench("pytest-bench-forward"):
+        def info(name, key):
+            return b[name]["extra_info"][key] if name in b else float("nan")
+
+        lines += [f"Measured {date} on {gpu} (`bench_forward.py`, medians):", "",
+                  "| prefill tokens | stage02, small | numpy reference, small | stage02, 1B | HF eager, 1B | "
+                  "stage02 / HF, 1B |", "| --- | --- | --- | --- | --- | --- |"]
+        for n in (128, 512, 2048):
+            ours, hf = info(f"test_prefill_stage02[{n}-llama-3.2-1b]", "tok_per_s"), info(
+                f"test_prefill_hf_eager[{n}]", "tok_per_s")
+            lines.append(f"| {n} | {info(f'test_prefill_stage02[{n}-small]', 'tok_per_s'):,.0f} tok/s | "
+                         f"{info(f'test_prefill_numpy_reference[{n}]', 'tok_per_s'):,.0f} tok/s | {ours:,.0f} tok/s | "
+                         f"{hf:,.0f} tok/s | {ours / hf:.2f}x |")
+        lines += ["", "| decode, `latency` (128 + 256 tokens) | ms per step | time to first token |",
+                  "| --- | --- | --- |"]
+        for label, name in [("stage02, small", "test_decode_stage02[small]"),
+                            ("numpy reference, small", "test_decode_numpy_reference"),
+                            ("stage02, 1B (re-runs the whole sequence)", "test_decode_stage02[llama-3.2-1b]"),
+                            ("HF eager, 1B (with its KV cache)", "test_decode_hf_eager")]:
+            lines.append(f"| {label} | {info(name, 'ms_per_decode_step'):.2f} | {info(name, 'ttft_ms'):.2f} ms |")
+        lines += ["", "| one stage02 decode step, 1B, over T tokens | wall | GPU work alone | host time to queue it "
+                  "| GPU idle share of the wall time |", "| --- | --- | --- | --- | --- |"]
+        for n in (128, 384):
+            name = f"test_decode_step_split[{n}]"
+            lines.append(f"| T = {n} | {info(name, 'wall_ms'):.2f} ms | {info(name, 'gpu_ms'):.2f} ms | "
+                         f"{info(name, 'host_queue_ms'):.2f} ms | {100 * info(name, 'gpu_idle_share'):.0f}% |")
+    return "\n".join(lines)
+
+
+def latency_results() -> str:
+    """Every committed harness result of the `latency` workload."""
+    rows = ["| date | GPU | engine | ms per decode step | time to first token | output tok/s | bandwidth use |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for path in sorted(RESULTS.glob("*_latency.json")):
+        r = json.loads(path.read_text())
+        for stage, s in r["stages"].items():
+            rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{stage}` | {s['ms_per_decode_step']:.2f} | "
+                        f"{s['ttft_ms']:.2f} ms | {s['output_tok_per_s']:.1f} | "
+                        f"{100 * s.get('bandwidth_utilisation', float('nan')):.1f}% of "
+                        f"{r['environment']['copy_bandwidth_gb_per_s']:.0f} GB/s |")
+    return "\n".join(rows)
+
+
+GENERATORS = {"stage-ladder": stage_ladder, "presets": presets, "load-results": load_results,
+              "forward-results": forward_results, "latency-results": latency_results}
 BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- end:\2 -->)", re.S)
 
 

@@ -8,33 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from common.checkpoint import Checkpoint
-from common.config import LlamaConfig
-from common.outputs import RequestOutput
+from common.outputs import RequestOutput, Timing, drain
 from common.prompts import PromptPreparer
+from common.rope import rope_cos_sin, rope_inv_freq  # noqa: F401  (re-exported: the reference's RoPE)
 from common.sampling import SamplingParams
-
-
-def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
-    """theta_i = rope_theta^(-2i/hd), i < hd/2, with Llama 3 scaling: wavelengths longer than
-    original_max/low_freq_factor are divided by `factor`, shorter than original_max/high_freq_factor kept,
-    and a linear ramp (in 1/wavelength) between."""
-    hd = cfg.head_dim
-    inv = 1.0 / cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)  # (hd/2,)
-    r = cfg.rope_scaling
-    if r is None:
-        return inv
-    wavelen = 2 * np.pi / inv
-    low_wavelen = r.original_max_position_embeddings / r.low_freq_factor
-    high_wavelen = r.original_max_position_embeddings / r.high_freq_factor
-    scaled = np.where(wavelen > low_wavelen, inv / r.factor, inv)
-    smooth = (r.original_max_position_embeddings / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return np.where(medium, (1 - smooth) * scaled / r.factor + smooth * scaled, scaled)
-
-
-def rope_cos_sin(cfg: LlamaConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    angles = np.outer(positions, rope_inv_freq(cfg))                  # (T, hd/2)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -96,7 +73,7 @@ class ReferenceModel:
         return self.hidden(token_ids) @ self.lm_head.T
 
     def last_logits(self, token_ids) -> np.ndarray:
-        return self.hidden(token_ids)[-1] @ self.lm_head.T                 # (V,)
+        return self.lm_head @ self.hidden(token_ids)[-1]                   # (V,): a contiguous matvec
 
 
 def sample_reference(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
@@ -123,20 +100,30 @@ class ReferenceEngine:
         self.model = ReferenceModel(self.checkpoint)
         self.prompts = PromptPreparer(folder, self.checkpoint.config, max_model_len)
         self.max_model_len = self.prompts.max_model_len
+        self.timings: list[Timing] = []                    # one per request of the last generate()
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
-        prompts = self.prompts.normalise(prompts)
-        params_list = params if isinstance(params, list) else [params] * len(prompts)
-        outs = []
-        for rid, (prompt, p) in enumerate(zip(prompts, params_list)):
-            ids = self.prompts.encode(prompt)
-            rng = np.random.default_rng(p.seed)
-            stop = self.prompts.stop_ids(p)
-            seq, new, reason = list(ids), [], None
-            while reason is None:
-                tok = sample_reference(self.model.last_logits(seq), p, rng)
-                seq.append(tok)
-                new.append(tok)
-                reason = self.prompts.finish_reason(new, len(seq), p, stop)
-            outs.append(RequestOutput(rid, ids, new, self.prompts.tokenizer.decode(new), reason))
-        return outs
+        requests = self.prompts.requests(prompts, params)
+        self.timings = []
+        return [drain(rid, ids, self.stream(ids, p), self.prompts.tokenizer)
+                for rid, (ids, p) in enumerate(requests)]
+
+    def stream(self, prompt, params: SamplingParams):
+        """Yield (token id, finish reason or None) as each new token is chosen; records a Timing."""
+        timing = Timing(0)
+        seq = self.prompts.encode(prompt)
+        timing.prompt_tokens = len(seq)
+        self.timings.append(timing)
+        rng = np.random.default_rng(params.seed)
+        stop = self.prompts.stop_ids(params)
+        new, reason = [], None
+        while reason is None:
+            tok = sample_reference(self.model.last_logits(seq), params, rng)
+            timing.tick()
+            seq.append(tok)
+            new.append(tok)
+            reason = self.prompts.finish_reason(new, len(seq), params, stop)
+            yield tok, reason
+
+
+Engine = ReferenceEngine   # the name the benchmark harness loads (`python -m common.bench --stages numpy,02`)

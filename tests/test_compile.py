@@ -1,4 +1,4 @@
-"""Every stage's kernels compile for sm_90 with NVRTC, on any machine (no GPU needed)."""
+"""Every kernel (each stage's, and common's spin) compiles for sm_90 with NVRTC, on any machine (no GPU needed)."""
 from pathlib import Path
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from common import compile as nvrtc
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = sorted(ROOT.glob("stage*/kernels/*.cu"))
+KERNELS = sorted([*ROOT.glob("stage*/kernels/*.cu"), *ROOT.glob("common/kernels/*.cu")])
 
 
 @pytest.fixture(autouse=True)
