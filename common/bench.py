@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +45,9 @@ WORKLOADS = {w.name: w for w in [
     Workload("ragged", 256, (100, 1024), (100, 1024), "output tok/s (nano-vllm's bench.py workload)"),
     Workload("long", 1, (8192, 8192), (64, 64), "prefill tok/s at 2048 and 8192, attention memory"),
 ]}
+
+
+GROWTH_LENGTHS = (64, 256, 1024)
 
 
 def make_requests(name: str, vocab_size: int = 128000, seed: int = 0) -> list[tuple[list[int], SamplingParams]]:
@@ -94,23 +97,32 @@ def run_generate(stage: str, model: str, workload: str, repeats: int) -> dict:
     engine = mod.Engine(model)
     reqs = make_requests(workload, min(engine.config.vocab_size, 128000))
     prompts, params = [r[0] for r in reqs], [r[1] for r in reqs]
-    try:
-        engine.generate(prompts[:1], params[0])  # warm-up: compile and first-touch excluded
+    try:   # warm-up: kernels compiled, buffers touched; a few tokens are enough
+        engine.generate(prompts[:1], replace(params[0], max_tokens=min(4, params[0].max_tokens)))
     except NotImplementedError as e:
         return {"unsupported": str(e)}
-    runs, steps, ttfts = [], [], []
+    runs, timings = [], []
     for _ in range(repeats):
         t = time.perf_counter()
         outs = engine.generate(prompts, params)
         runs.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t))
-        for timing in getattr(engine, "timings", []):
-            steps.extend(timing.step_s)
-            ttfts.append(timing.ttft_s)
+        timings.extend(getattr(engine, "timings", []))
     out = {"output_tok_per_s": statistics.median(runs), "runs": runs}
+    steps = [s for t in timings for s in t.step_s]
     if steps:   # requests one at a time (stages 02-03, baselines): per-request latency figures
-        out |= {"ms_per_decode_step": 1e3 * statistics.median(steps), "ttft_ms": 1e3 * statistics.median(ttfts),
+        out |= {"ms_per_decode_step": 1e3 * statistics.median(steps),
+                "ttft_ms": 1e3 * statistics.median(t.ttft_s for t in timings),
                 "weight_bytes": Checkpoint(resolve_model(model)).total_bytes}
+    if workload == "growth" and steps:
+        out |= growth_rates(timings)
     return out
+
+
+def growth_rates(timings) -> dict:
+    """Decode tok/s over the first n new tokens, n in GROWTH_LENGTHS (tokens 2..n come from decode steps);
+    the median over the requests' Timings."""
+    return {f"decode_tok_per_s_at_{n}": statistics.median((n - 1) / sum(t.step_s[:n - 1]) for t in timings)
+            for n in GROWTH_LENGTHS}
 
 
 def gpu_and_host_ms(gpu, enqueue, repeats: int = 5) -> dict:

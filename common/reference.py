@@ -43,8 +43,9 @@ class ReferenceModel:
         self.w = {name: checkpoint.f32(name) for name in checkpoint.entries}
         self.lm_head = self.w["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
 
-    def hidden(self, token_ids) -> np.ndarray:
-        """Final-normed hidden states (T, H) of a whole sequence, positions 0..T-1."""
+    def hidden(self, token_ids, kv: list | None = None) -> np.ndarray:
+        """Final-normed hidden states (T, H) of a whole sequence, positions 0..T-1. With a list `kv`, each
+        layer's (k after RoPE, v), shapes (T, nkv, hd), are appended to it: what a KV cache must hold."""
         cfg, w = self.config, self.w
         ids = np.asarray(token_ids, dtype=np.int64)
         T, nh, nkv, hd = len(ids), cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -58,6 +59,8 @@ class ReferenceModel:
             k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, nkv, hd)
             v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, nkv, hd)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if kv is not None:
+                kv.append((k, v))
             group = nh // nkv                                              # query heads per KV head (GQA)
             k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # (T, nh, hd)
             scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + causal  # (nh, T, T)

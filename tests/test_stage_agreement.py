@@ -1,0 +1,32 @@
+"""GPU tier, across stages: every generating stage gives the same greedy tokens as the one before it, on the same
+prompts and checkpoints (tiny, small and the 1B shape, 32 new tokens each). Stages never import each other, so
+the comparison lives here: both engines load in this process, one after the other."""
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+GENERATING = sorted(p.name for p in ROOT.glob("stage[0-9][0-9]_*") if p.name >= "stage02")
+PAIRS = list(zip(GENERATING, GENERATING[1:]))
+
+
+def prompts():
+    return [[128000] + np.random.default_rng(7).integers(0, 128000, 40).tolist(), "The quick brown fox"]
+
+
+@pytest.mark.parametrize("model", ["tiny_dir", "small_dir", "llama-3.2-1b"])
+@pytest.mark.parametrize("before, after", PAIRS, ids=[f"{a}-{b}" for a, b in PAIRS])
+def test_greedy_tokens_equal_the_previous_stage(before, after, model, request):
+    folder = str(request.getfixturevalue(model)) if model.endswith("_dir") else model
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for stage in (before, after):
+        engine = importlib.import_module(stage).Engine(folder, max_model_len=256)
+        outs[stage] = [o.token_ids for o in engine.generate(prompts(), params)]
+        del engine
+    assert outs[before] == outs[after]
