@@ -224,7 +224,7 @@ def main(argv=None) -> int:
               "environment": env, "stages": summary, "raw": results}
     a.out.mkdir(parents=True, exist_ok=True)
     gpu = (env["gpu"] or "cpu").replace(" ", "-")
-    path = a.out / f"{gpu}_{record['date']}_{a.workload}.json"
+    path = a.out / f"{gpu}_{record['date']}_{a.workload}-{a.stages.replace(',', '-')}.json"   # one file a comparison
     path.write_text(json.dumps(record, indent=2))
     print(format_table(summary))
     print(f"wrote {path}")

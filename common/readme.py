@@ -43,7 +43,7 @@ def load_results() -> str:
     """stage01's figures: every committed load result (harness JSON and pytest-benchmark JSON)."""
     rows = ["| date | GPU | measured by | load to GPU, GB/s | plain read of the same bytes, GB/s |",
             "| --- | --- | --- | --- | --- |"]
-    for path in sorted(RESULTS.glob("*_load.json")):
+    for path in sorted(RESULTS.glob("*_load-*.json")):
         r = json.loads(path.read_text())
         s = r["stages"]["stage01_loading"]
         rows.append(f"| {r['date']} | {r['environment']['gpu']} | `common.bench` (median of "
@@ -107,7 +107,7 @@ def latency_results() -> str:
     """Every committed harness result of the `latency` workload."""
     rows = ["| date | GPU | engine | ms per decode step | time to first token | output tok/s | bandwidth use |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for path in sorted(RESULTS.glob("*_latency.json")):
+    for path in sorted(RESULTS.glob("*_latency-*.json")):
         r = json.loads(path.read_text())
         for stage, s in r["stages"].items():
             rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{stage}` | {s['ms_per_decode_step']:.2f} | "

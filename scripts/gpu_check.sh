@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
-# $2 picks a part: tests, bench or all (default). On the lent machine: bash scripts/gpu_check.sh "$OUT" all
+# $2 picks a part: tests, bench01-02, bench03, or all (default; longer than one 10-minute device call).
+# On the lent machine: bash scripts/gpu_check.sh "$OUT" tests
 set -uo pipefail
 logs=${1:-gpu-logs}
 part=${2:-all}
@@ -21,14 +22,21 @@ if [ "$part" = tests ] || [ "$part" = all ]; then
   run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rs -rP
   run cli-01 python3 -m stage01_loading --prompt "Hello, world!" --chat
   run cli-02 python3 -m stage02_forward --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-03 python3 -m stage03_kvcache --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
-if [ "$part" = bench ] || [ "$part" = all ]; then
+if [ "$part" = bench01-02 ] || [ "$part" = all ]; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-load.json" -q
   run bench-forward python3 -m pytest stage02_forward/bench_forward.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-forward.json" -q
   run harness-load python3 -m common.bench --stages 01 --workload load --repeats 3 --out "$logs"
   run harness-latency python3 -m common.bench --stages hf,02 --workload latency --repeats 2 --out "$logs"
+fi
+if [ "$part" = bench03 ] || [ "$part" = all ]; then
+  run bench-kvcache python3 -m pytest stage03_kvcache/bench_kvcache.py --benchmark-only -p no:cacheprovider \
+      --benchmark-json "$logs/${gpu}_${day}_pytest-bench-kvcache.json" -q
+  run harness-latency-03 python3 -m common.bench --stages 02,03 --workload latency --repeats 2 --out "$logs"
+  run harness-growth python3 -m common.bench --stages 02,03 --workload growth --repeats 2 --out "$logs"
 fi
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
