@@ -1,4 +1,5 @@
-from common.bench import WORKLOADS, format_table, make_requests, stage_module, summarise
+from common.bench import WORKLOADS, format_table, growth_rates, make_requests, stage_module, summarise
+from common.outputs import Timing
 
 
 def test_workloads_are_seeded_and_in_range():
@@ -17,3 +18,16 @@ def test_table_has_ratio_to_previous_stage():
 
 def test_stage_lookup():
     assert stage_module("01") == "stage01_loading"
+
+
+def test_baselines_load_like_stages():
+    assert stage_module("hf") == "common.hf_engine" and stage_module("numpy") == "common.reference"
+
+
+def test_growth_rates_count_decode_steps_only():
+    """Token 1 comes from prefill (its time is the TTFT); tokens 2..n from n - 1 decode steps."""
+    slow_later = Timing(512, ttft_s=1.0, step_s=[0.01] * 255 + [0.02] * 768)   # 1024 new tokens
+    rates = growth_rates([slow_later])
+    assert abs(rates["decode_tok_per_s_at_64"] - 100.0) < 1e-9
+    assert abs(rates["decode_tok_per_s_at_256"] - 100.0) < 1e-9
+    assert abs(rates["decode_tok_per_s_at_1024"] - 1023 / (2.55 + 15.36)) < 1e-9
