@@ -15,11 +15,12 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 status=0
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr " " -)
 day=$(date -u +%F)
-run() { local name=$1; shift; echo "== $name: $*"; "$@" 2>&1 | tee "$logs/$name.log"; local rc=${PIPESTATUS[0]}; echo "== $name rc=$rc"; [ "$rc" = 0 ] || status=1; }
+limit=${PART_LIMIT_S:-540}   # each step is cut off here, so a hang still leaves the other logs behind
+run() { local name=$1; shift; echo "== $name: $*"; timeout "$limit" "$@" 2>&1 | tee "$logs/$name.log"; local rc=${PIPESTATUS[0]}; echo "== $name rc=$rc"; [ "$rc" = 0 ] || status=1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
 date -u | tee -a "$logs/gpu.txt"
 if [ "$part" = tests ] || [ "$part" = all ]; then
-  run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rs -rP
+  run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rsP
   run cli-01 python3 -m stage01_loading --prompt "Hello, world!" --chat
   run cli-02 python3 -m stage02_forward --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-03 python3 -m stage03_kvcache --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
