@@ -48,6 +48,7 @@ WORKLOADS = {w.name: w for w in [
 
 
 GROWTH_LENGTHS = (64, 256, 1024)
+BATCH_SIZES = (1, 8, 32, 64)      # `batch`: the first B of its 64 requests, given to generate() together
 
 
 def make_requests(name: str, vocab_size: int = 128000, seed: int = 0) -> list[tuple[list[int], SamplingParams]]:
@@ -101,21 +102,39 @@ def run_generate(stage: str, model: str, workload: str, repeats: int) -> dict:
         engine.generate(prompts[:1], replace(params[0], max_tokens=min(4, params[0].max_tokens)))
     except NotImplementedError as e:
         return {"unsupported": str(e)}
-    runs, timings = [], []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        outs = engine.generate(prompts, params)
-        runs.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t))
-        timings.extend(getattr(engine, "timings", []))
-    out = {"output_tok_per_s": statistics.median(runs), "runs": runs}
+    if workload == "batch":
+        return {f"output_tok_per_s_at_B{n}": output_rate(engine, prompts[:n], params[:n], repeats)[0]
+                for n in BATCH_SIZES}
+    rate, runs, timings = output_rate(engine, prompts, params, repeats)
+    out = {"output_tok_per_s": rate, "runs": runs} | waste(engine)
     steps = [s for t in timings for s in t.step_s]
-    if steps:   # requests one at a time (stages 02-03, baselines): per-request latency figures
+    if steps:   # engines that keep per-request Timings: latency figures
         out |= {"ms_per_decode_step": 1e3 * statistics.median(steps),
                 "ttft_ms": 1e3 * statistics.median(t.ttft_s for t in timings),
                 "weight_bytes": Checkpoint(resolve_model(model)).total_bytes}
     if workload == "growth" and steps:
         out |= growth_rates(timings)
     return out
+
+
+def output_rate(engine, prompts, params, repeats: int) -> tuple[float, list[float], list]:
+    """Generated tokens per second of generate(prompts, params): the median of `repeats` runs, the runs, and
+    the engine's per-request Timings of all of them (where it keeps them)."""
+    runs, timings = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        outs = engine.generate(prompts, params)
+        runs.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t))
+        timings.extend(getattr(engine, "timings", []))
+    return statistics.median(runs), runs, timings
+
+
+def waste(engine) -> dict:
+    """A batching engine's counts of the last generate() (its `stats`), where it keeps them."""
+    stats = getattr(engine, "stats", None)
+    if stats is None:
+        return {}
+    return {"batches": stats.batches, "slot_waste": stats.slot_waste, "padding_share": stats.padding_share}
 
 
 def growth_rates(timings) -> dict:

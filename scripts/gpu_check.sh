@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
-# $2 picks a part: tests, bench01-02, bench03, or all (default; longer than one 10-minute device call).
+# $2 picks a part: tests, bench01-02, bench03, bench04, or all (default; longer than one 10-minute device call).
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests
 set -uo pipefail
 logs=${1:-gpu-logs}
@@ -24,6 +24,7 @@ if [ "$part" = tests ] || [ "$part" = all ]; then
   run cli-01 python3 -m stage01_loading --prompt "Hello, world!" --chat
   run cli-02 python3 -m stage02_forward --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-03 python3 -m stage03_kvcache --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-04 python3 -m stage04_static_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
 if [ "$part" = bench01-02 ] || [ "$part" = all ]; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
@@ -38,6 +39,12 @@ if [ "$part" = bench03 ] || [ "$part" = all ]; then
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-kvcache.json" -q
   run harness-latency-03 python3 -m common.bench --stages 02,03 --workload latency --repeats 2 --out "$logs"
   run harness-growth python3 -m common.bench --stages 02,03 --workload growth --repeats 2 --out "$logs"
+fi
+if [ "$part" = bench04 ] || [ "$part" = all ]; then
+  run bench-batch python3 -m pytest stage04_static_batch/bench_batch.py --benchmark-only -p no:cacheprovider \
+      --benchmark-json "$logs/${gpu}_${day}_pytest-bench-batch.json" -q
+  run harness-batch python3 -m common.bench --stages 03,04 --workload batch --repeats 1 --out "$logs"
+  run harness-ragged python3 -m common.bench --stages 04 --workload ragged --repeats 1 --out "$logs"
 fi
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
