@@ -20,7 +20,7 @@ run() { local name=$1; shift; echo "== $name: $*"; timeout "$limit" "$@" 2>&1 | 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
 date -u | tee -a "$logs/gpu.txt"
 if [ "$part" = tests ] || [ "$part" = all ]; then
-  run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rsP
+  run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rsP ${TEST_PATHS:-}   # TEST_PATHS: a subset
   run cli-01 python3 -m stage01_loading --prompt "Hello, world!" --chat
   run cli-02 python3 -m stage02_forward --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-03 python3 -m stage03_kvcache --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
