@@ -1,14 +1,15 @@
 """GPU tier: a static batch (stage04) gives every sequence the greedy tokens that stage03 gives it alone, on
 batches of up to 64 requests with mixed prompt lengths and mixed max_tokens, and logits within the design's
-tolerance of stage03's along the same tokens. A first divergence may only sit at a near tie of stage03's
-logits (common/testing.py): the batch's GEMMs have other shapes, so they round differently."""
+tolerance of stage03's along the same tokens. The batch's GEMMs have other shapes, so they sum in another order:
+where two tokens are nearly level the runs may part, but only where each engine's own logits explain its choice
+(common/testing.py)."""
 import importlib
 
 import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
-from common.testing import greedy_divergence, rel_l2_rows
+from common.testing import divergence_margin, greedy_divergence, rel_l2_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -35,10 +36,14 @@ def test_every_sequence_of_a_batch_equals_stage03_alone(model, B, request):
     assert batched.stats.batches == 1
     got_logits = batched.decode_logits([w.prompt_token_ids + w.token_ids[:-1] for w in want],
                                        [len(w.prompt_token_ids) for w in want])
-    equal, worst = 0, 0.0
-    for g, w, gl, wl in zip(got, want, got_logits, want_logits):
-        worst = max(worst, float(rel_l2_rows(gl, wl).max()))
-        equal += greedy_divergence(g.token_ids, w.token_ids, wl) is None
-    print(f"{model}, B={B}: {equal} of {B} sequences equal token for token; worst logits rel L2 against "
-          f"stage03 {worst:.2e}; slot waste {batched.stats.slot_waste:.2f}")
+    worst = max(float(rel_l2_rows(gl, wl).max()) for gl, wl in zip(got_logits, want_logits))
+    print(f"{model}, B={B}: worst logits rel L2 against stage03 {worst:.2e}; "
+          f"slot waste {batched.stats.slot_waste:.2f}")
     assert worst < 2e-2
+    equal = 0
+    for b, (g, w, gl, wl) in enumerate(zip(got, want, got_logits, want_logits)):
+        step = greedy_divergence(g.token_ids, w.token_ids, gl, wl)
+        equal += step is None
+        if step is not None:
+            print(f"  sequence {b}{divergence_margin(wl, step)}")
+    print(f"{model}, B={B}: {equal} of {B} sequences equal token for token")

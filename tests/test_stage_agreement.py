@@ -1,8 +1,8 @@
 """GPU tier, across stages: every generating stage gives the same greedy tokens as the one before it, on the same
-prompts and checkpoints (tiny, small and the 1B shape, 32 new tokens each), up to a first divergence that must
-sit at a near tie of the earlier stage's logits (common/testing.py: from stage04 on the GEMMs run at other
-batch shapes, which round differently). Stages never import each other, so the comparison lives here: both
-engines load in this process, one after the other."""
+prompts and checkpoints (tiny, small and the 1B shape, 32 new tokens each), and logits within the design's
+tolerance of each other along the earlier stage's tokens. The runs may part where two tokens are nearly level,
+but only where each stage's own logits explain its choice (common/testing.py). Stages never import each other,
+so the comparison lives here: both engines load in this process, one after the other."""
 import importlib
 from pathlib import Path
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
-from common.testing import greedy_divergence
+from common.testing import divergence_margin, greedy_divergence, rel_l2_rows
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,14 +27,16 @@ def prompts():
 def test_greedy_tokens_equal_the_previous_stage(before, after, model, request):
     folder = str(request.getfixturevalue(model)) if model.endswith("_dir") else model
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
-    outs, logits = {}, []
+    outs, logits = {}, {}
     for stage in (before, after):
         engine = importlib.import_module(stage).Engine(folder, max_model_len=256)
         outs[stage] = engine.generate(prompts(), params)
-        if stage == before:                          # the logits that chose each of the earlier stage's tokens
-            logits = [engine.logits(o.prompt_token_ids + o.token_ids)[len(o.prompt_token_ids) - 1:-1]
-                      for o in outs[stage]]
+        logits[stage] = [engine.logits(o.prompt_token_ids + o.token_ids)[len(o.prompt_token_ids) - 1:-1]
+                         for o in outs[before]]      # both stages' logits along the earlier stage's tokens
         del engine
-    for a, b, want_logits in zip(outs[after], outs[before], logits):
-        step = greedy_divergence(a.token_ids, b.token_ids, want_logits)
-        print(f"{before} -> {after} on {model}: equal for {32 if step is None else step} of 32 tokens")
+    for a, b, got_logits, want_logits in zip(outs[after], outs[before], logits[after], logits[before]):
+        err = rel_l2_rows(got_logits, want_logits).max()
+        step = greedy_divergence(a.token_ids, b.token_ids, got_logits, want_logits)
+        print(f"{before} -> {after} on {model}: equal for {32 if step is None else step} of 32 tokens"
+              f"{divergence_margin(want_logits, step)}; logits rel L2 {err:.2e}")
+        assert err < 2e-2
