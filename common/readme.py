@@ -117,6 +117,75 @@ def latency_results() -> str:
     return "\n".join(rows)
 
 
+def _harness(workload: str) -> list[dict]:
+    """Every committed harness result of one workload, oldest first."""
+    return [json.loads(p.read_text()) for p in sorted(RESULTS.glob(f"*_{workload}-*.json"))]
+
+
+def growth_results() -> str:
+    """stage03's speed-up over stage02 by generated length (`growth`: a 512-token prompt, 1024 new tokens)."""
+    rows = ["| date | GPU | engine | decode tok/s, first 64 new | first 256 | first 1024 |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for r in _harness("growth"):
+        stages = list(r["stages"].values())
+        for name, s in r["stages"].items():
+            rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{name}` | " + " | ".join(
+                f"{s[f'decode_tok_per_s_at_{n}']:.1f}" for n in (64, 256, 1024)) + " |")
+        if len(stages) == 2:
+            rows.append(f"| | | ratio, second / first | " + " | ".join(
+                f"{stages[1][f'decode_tok_per_s_at_{n}'] / stages[0][f'decode_tok_per_s_at_{n}']:.2f}x"
+                for n in (64, 256, 1024)) + " |")
+    return "\n".join(rows)
+
+
+def _split_table(suffix: str, param: str, label: str) -> str:
+    """The decode-step split of a pytest-benchmark file: one row per test_decode_step_split[...] case."""
+    lines = []
+    for date, gpu, b in _pytest_bench(suffix):
+        lines += [f"Measured {date} on {gpu} (`test_decode_step_split`, median of 20 steps):", "",
+                  f"| {label} | wall | GPU work alone | host time to queue it | bandwidth floor | GPU / floor |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for name in sorted((n for n in b if n.startswith("test_decode_step_split")),
+                           key=lambda n: b[n]["extra_info"][param]):
+            e = b[name]["extra_info"]
+            lines.append(f"| {e[param]} | {e['wall_ms']:.2f} ms | {e['gpu_ms']:.2f} ms | {e['host_queue_ms']:.2f} ms"
+                         f" | {e['bandwidth_floor_ms']:.2f} ms | {e['gpu_ms'] / e['bandwidth_floor_ms']:.1f}x |")
+    return "\n".join(lines)
+
+
+def kvcache_split() -> str:
+    return _split_table("pytest-bench-kvcache", "cache_length", "cached positions")
+
+
+def batch_split() -> str:
+    return _split_table("pytest-bench-batch", "batch_size", "B (256 cached positions each)")
+
+
+def batch_results() -> str:
+    """`batch`: output tok/s at each B, every engine of each committed run, and the ratio of the last to the first."""
+    rows = ["| date | GPU | B | " + " | ".join(f"`{s}`" for s in _harness("batch")[-1]["stages"]) + " | ratio |",
+            "| --- | --- | --- | " + " | ".join("---" for _ in _harness("batch")[-1]["stages"]) + " | --- |"]
+    for r in _harness("batch"):
+        stages = list(r["stages"].values())
+        for n in (1, 8, 32, 64):
+            rates = [s[f"output_tok_per_s_at_B{n}"] for s in stages]
+            rows.append(f"| {r['date']} | {r['environment']['gpu']} | {n} | "
+                        + " | ".join(f"{x:,.0f}" for x in rates) + f" | {rates[-1] / rates[0]:.1f}x |")
+    return "\n".join(rows)
+
+
+def ragged_results() -> str:
+    """`ragged` (256 requests, prompts and outputs of 100..1024 tokens): throughput and the waste counters."""
+    rows = ["| date | GPU | engine | output tok/s | batches | slot waste | padding share | ms per decode step |"
+            " median time to first token |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in _harness("ragged"):
+        for name, s in r["stages"].items():
+            rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{name}` | {s['output_tok_per_s']:,.0f} | "
+                        f"{s.get('batches', '-')} | {100 * s['slot_waste']:.1f}% | {100 * s['padding_share']:.1f}% | "
+                        f"{s['ms_per_decode_step']:.2f} | {s['ttft_ms'] / 1e3:.1f} s |")
+    return "\n".join(rows)
+
+
 H200_BF16_DENSE_TFLOPS = 989     # NVIDIA's H200 SXM datasheet figures (bf16 1979 TFLOP/s is with 2:4 sparsity)
 H200_HBM_TB_PER_S = 4.8
 
@@ -142,7 +211,9 @@ def batch_arithmetic() -> str:
 
 GENERATORS = {"stage-ladder": stage_ladder, "presets": presets, "load-results": load_results,
               "forward-results": forward_results, "latency-results": latency_results,
-              "batch-arithmetic": batch_arithmetic}
+              "batch-arithmetic": batch_arithmetic, "growth-results": growth_results,
+              "kvcache-split": kvcache_split, "batch-split": batch_split, "batch-results": batch_results,
+              "ragged-results": ragged_results}
 BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- end:\2 -->)", re.S)
 
 
