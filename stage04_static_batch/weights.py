@@ -157,20 +157,27 @@ def verify(weights: GpuWeights, ckpt: Checkpoint, kernels) -> list[str]:
 
 
 class _Progress:
-    """A one-line progress bar on stderr (no dependency): bytes copied, percent, GB/s so far."""
+    """A one-line progress bar on stderr (no dependency): bytes copied, percent, GB/s so far. Redrawn in place on
+    a terminal; a log file (stderr not a terminal) gets only the final line, not a hundred redraws."""
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.enabled, self.start, self.shown = total, enabled and total > 256 << 20, time.perf_counter(), -1
+        self.live, self.done = self.enabled and sys.stderr.isatty(), 0
+
+    def line(self) -> str:
+        pct = int(100 * self.done / self.total)
+        rate = self.done / max(time.perf_counter() - self.start, 1e-9) / 1e9
+        bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+        return f"  loading [{bar}] {pct:3d}%  {self.done / 1e9:5.2f}/{self.total / 1e9:.2f} GB  {rate:5.2f} GB/s"
 
     def update(self, done: int) -> None:
-        pct = int(100 * done / self.total)
-        if self.enabled and pct != self.shown:
+        self.done, pct = done, int(100 * done / self.total)
+        if self.live and pct != self.shown:
             self.shown = pct
-            rate = done / max(time.perf_counter() - self.start, 1e-9) / 1e9
-            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
-            print(f"\r  loading [{bar}] {pct:3d}%  {done / 1e9:5.2f}/{self.total / 1e9:.2f} GB  {rate:5.2f} GB/s",
-                  end="", file=sys.stderr, flush=True)
+            print("\r" + self.line(), end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        if self.enabled:
+        if self.live:
             print(file=sys.stderr)
+        elif self.enabled:
+            print(self.line(), file=sys.stderr)
