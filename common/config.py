@@ -78,7 +78,8 @@ class LlamaConfig:
             raise ConfigError(f"{source}: field 'hidden_act' is {raw['hidden_act']!r}; only 'silu' is supported")
         for flag in ("attention_bias", "mlp_bias"):
             if raw.get(flag, False):
-                raise ConfigError(f"{source}: field {flag!r} is true; Llama 3 has no biases and neither does this engine")
+                raise ConfigError(f"{source}: field {flag!r} is true; Llama 3 has no biases "
+                                  "and neither does this engine")
 
         hidden, heads = need("hidden_size"), need("num_attention_heads")
         kv_heads = need("num_key_value_heads") if "num_key_value_heads" in raw else heads

@@ -55,9 +55,9 @@ def load_results() -> str:
         gpu = path.name.split("_")[0].replace("-", " ")
         for load in (b for b in r["benchmarks"] if b["name"].startswith("test_load_to_gpu")):
             variant = load["name"].partition("[")[2].rstrip("]") or "default"
+            gbps = [b["extra_info"]["bytes"] / b["stats"]["median"] / 1e9 for b in (load, read)]
             rows.append(f"| {r['datetime'][:10]} | {gpu} | `bench_load.py` {variant} (median of "
-                        f"{load['stats']['rounds']}) | {load['extra_info']['bytes'] / load['stats']['median'] / 1e9:.2f}"
-                        f" | {read['extra_info']['bytes'] / read['stats']['median'] / 1e9:.2f} |")
+                        f"{load['stats']['rounds']}) | {gbps[0]:.2f} | {gbps[1]:.2f} |")
     return "\n".join(rows)
 
 
