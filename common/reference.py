@@ -100,6 +100,7 @@ class ReferenceEngine:
 
         folder = resolve_model(model)
         self.checkpoint = Checkpoint(folder)
+        self.config = self.checkpoint.config
         self.model = ReferenceModel(self.checkpoint)
         self.prompts = PromptPreparer(folder, self.checkpoint.config, max_model_len)
         self.max_model_len = self.prompts.max_model_len

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
-# $2 picks a part: tests, bench01-02, bench03, bench04, or all (default; longer than one 10-minute device call).
+# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04 (pytest-benchmark files), latency, batch,
+# long, ragged (the harness against the baselines), or all (default; longer than one 10-minute device call).
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
 logs=${1:-gpu-logs}
 part=${2:-all}
+want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 TINY_VLLM_CACHE=${TINY_VLLM_CACHE:-/tmp/tiny-vllm-cache}
 if [ -d .whl ]; then  # the lent machine lacks nvmath-python: install the carried wheels
@@ -19,34 +21,35 @@ limit=${PART_LIMIT_S:-540}   # each step is cut off here, so a hang still leaves
 run() { local name=$1; shift; echo "== $name: $*"; timeout "$limit" "$@" 2>&1 | tee "$logs/$name.log"; local rc=${PIPESTATUS[0]}; echo "== $name rc=$rc"; [ "$rc" = 0 ] || status=1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
 date -u | tee -a "$logs/gpu.txt"
-if [ "$part" = tests ] || [ "$part" = all ]; then
+if want tests; then
   run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rsP ${TEST_PATHS:-}   # TEST_PATHS: a subset
   run cli-01 python3 -m stage01_loading --prompt "Hello, world!" --chat
   run cli-02 python3 -m stage02_forward --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-03 python3 -m stage03_kvcache --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-04 python3 -m stage04_static_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
-if [ "$part" = bench01-02 ] || [ "$part" = all ]; then
+if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-load.json" -q
   run bench-forward python3 -m pytest stage02_forward/bench_forward.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-forward.json" -q
   run harness-load python3 -m common.bench --stages 01 --workload load --repeats 3 --out "$logs"
-  run harness-latency python3 -m common.bench --stages hf,02 --workload latency --repeats 2 --out "$logs"
 fi
-if [ "$part" = bench03 ] || [ "$part" = all ]; then
+if want bench03; then
   run bench-kvcache python3 -m pytest stage03_kvcache/bench_kvcache.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-kvcache.json" -q
-  run harness-latency-03 python3 -m common.bench --stages 02,03 --workload latency --repeats 2 --out "$logs"
   # one repeat: stage02 recomputes the whole sequence each step, so 1024 new tokens take it minutes
   run harness-growth python3 -m common.bench --stages 02,03 --workload growth --repeats 1 --out "$logs"
 fi
-if [ "$part" = bench04 ] || [ "$part" = all ]; then
+if want bench04; then
   run bench-batch python3 -m pytest stage04_static_batch/bench_batch.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-batch.json" -q
-  run harness-batch python3 -m common.bench --stages 03,04 --workload batch --repeats 1 --out "$logs"
-  run harness-ragged python3 -m common.bench --stages 04 --workload ragged --repeats 1 --out "$logs"
 fi
+# the harness: every figure a median of 3 runs with its spread, against the previous stage and the baselines
+want latency && run harness-latency python3 -m common.bench --stages hf,hf-compile,03,04 --workload latency --out "$logs"
+want batch && run harness-batch python3 -m common.bench --stages 03,04 --workload batch --out "$logs"
+want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04 --workload long --out "$logs"
+want ragged && run harness-ragged python3 -m common.bench --stages hf-sdpa,04 --workload ragged --out "$logs"
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
 fi

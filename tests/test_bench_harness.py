@@ -1,4 +1,10 @@
-from common.bench import WORKLOADS, format_table, growth_rates, make_requests, stage_module, summarise
+import json
+
+import pytest
+
+from common.bench import (BASELINES, WORKLOADS, format_table, growth_rates, main, make_requests, merge,
+                          spread_warnings, stage_module, summarise)
+from common.device import has_gpu
 from common.outputs import Timing
 
 
@@ -10,10 +16,58 @@ def test_workloads_are_seeded_and_in_range():
     assert set(WORKLOADS) >= {"latency", "growth", "batch", "ragged", "long", "load"}
 
 
-def test_table_has_ratio_to_previous_stage():
-    summary = summarise({"stage01_x": [{"v": 2.0}, {"v": 4.0}, {"v": 3.0}], "stage02_y": [{"v": 6.0}]})
-    table = format_table(summary)
-    assert "| stage01_x | 3.000 | - |" in table and "| stage02_y | 6.000 | 2.00x |" in table
+def test_max_model_len_is_sized_for_the_workload():
+    """`long` asks for 32768 prompt tokens: the default max_model_len of 4096 would refuse it."""
+    assert WORKLOADS["long"].max_model_len == 32768 + 64 and WORKLOADS["ragged"].max_model_len == 2048
+    assert [len(p) for p, _ in make_requests("long", prompt_tokens=2048)] == [2048]
+
+
+def test_every_workload_declares_its_headline_and_direction():
+    for w in WORKLOADS.values():
+        assert w.headline, w.name
+    assert WORKLOADS["latency"].headline == ("ms_per_decode_step",) and WORKLOADS["latency"].lower_is_better
+    assert WORKLOADS["batch"].headline == tuple(f"output_tok_per_s_at_B{n}" for n in (1, 8, 32, 64))
+    assert not WORKLOADS["ragged"].lower_is_better
+
+
+def _results(**runs):
+    return {name: merge([{"runs": [{k: v} for v in vals] for k, vals in r.items()}]) for name, r in runs.items()}
+
+
+def test_ratio_is_the_headline_figure_not_the_first_key():
+    """On `latency` the speed-up compares ms per step (lower is better), never an alphabetically first key."""
+    results = {"a": merge([{"runs": [{"ms_per_decode_step": 4.0, "bandwidth_utilisation": 0.1}] * 3}]),
+               "b": merge([{"runs": [{"ms_per_decode_step": 2.0, "bandwidth_utilisation": 0.9}] * 3}])}
+    table = format_table(summarise(results), WORKLOADS["latency"])
+    assert table.splitlines()[-1].endswith("| 2.00x |"), table       # 4 ms -> 2 ms is twice as fast
+
+
+def test_batch_has_one_ratio_per_batch_size():
+    one = {f"output_tok_per_s_at_B{n}": float(n) for n in (1, 8, 32, 64)}
+    forty = {f"output_tok_per_s_at_B{n}": float(n) * (1.4 if n == 1 else 40) for n in (1, 8, 32, 64)}
+    table = format_table(summarise({"s03": merge([{"runs": [one] * 3}]), "s04": merge([{"runs": [forty] * 3}])}),
+                         WORKLOADS["batch"])
+    assert table.splitlines()[0].count("speed-up") == 4
+    assert table.splitlines()[-1].endswith("| 1.40x | 40.00x | 40.00x | 40.00x |"), table
+
+
+def test_median_spread_and_every_run_kept():
+    s = summarise({"x": merge([{"runs": [{"output_tok_per_s": v} for v in (100.0, 130.0, 101.0)]}])})["x"]
+    assert s["output_tok_per_s"] == 101.0 and s["spread"]["output_tok_per_s"] == [100.0, 130.0]
+    assert s["repeats"] == 3
+    assert "| 101 (100-130) |" in format_table({"x": s}, WORKLOADS["ragged"])
+    notes = spread_warnings({"x": s}, WORKLOADS["ragged"])
+    assert len(notes) == 1 and "spread 30%" in notes[0]
+    tight = summarise({"y": merge([{"runs": [{"output_tok_per_s": v} for v in (100.0, 105.0, 102.0)]}])})
+    assert spread_warnings(tight, WORKLOADS["ragged"]) == []
+
+
+def test_unsupported_length_is_reported_not_crashed():
+    results = {"s": merge([{"runs": [{"prefill_tok_per_s_at_2048": 10.0}], "prompt_tokens": 2048},
+                           {"unsupported": "GpuMemoryError: cannot allocate 138 GB", "prompt_tokens": 32768}])}
+    s = summarise(results)["s"]
+    assert s["unsupported_at_32768"].startswith("GpuMemoryError")
+    assert "unsupported" in format_table({"s": s}, WORKLOADS["long"]).splitlines()[-1]
 
 
 def test_stage_lookup():
@@ -22,6 +76,7 @@ def test_stage_lookup():
 
 def test_baselines_load_like_stages():
     assert stage_module("hf") == "common.hf_engine" and stage_module("numpy") == "common.reference"
+    assert {"hf", "hf-sdpa", "hf-compile", "numpy"} <= set(BASELINES)
 
 
 def test_growth_rates_count_decode_steps_only():
@@ -31,3 +86,14 @@ def test_growth_rates_count_decode_steps_only():
     assert abs(rates["decode_tok_per_s_at_64"] - 100.0) < 1e-9
     assert abs(rates["decode_tok_per_s_at_256"] - 100.0) < 1e-9
     assert abs(rates["decode_tok_per_s_at_1024"] - 1023 / (2.55 + 15.36)) < 1e-9
+
+
+@pytest.mark.skipif(has_gpu()[0], reason="checks the behaviour on a machine without a GPU")
+def test_numpy_runs_and_a_gpu_stage_is_skipped_in_one_line(tmp_path, capsys):
+    """The issue's command, as a user without a GPU types it (about a minute: 3 runs of 256 numpy steps)."""
+    assert main(["--stages", "numpy,04", "--workload", "latency", "--model", "tiny", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("stage04_static_batch: skipped: it needs a GPU (no NVIDIA driver") == 1 and "Traceback" not in out
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    numpy = record["stages"]["numpy"]
+    assert numpy["repeats"] == 3 and len(record["raw"]["numpy"][0]["runs"]) == 3 and numpy["ms_per_decode_step"] > 0
