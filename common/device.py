@@ -27,6 +27,10 @@ class NoGpuError(RuntimeError):
     """Raised where GPU work is asked for and no usable CUDA device exists; the message says why."""
 
 
+class GpuMemoryError(MemoryError):
+    """A device allocation did not fit; the message names its size, its shape and what the device had free."""
+
+
 def _driver():
     from cuda.bindings import driver
 
@@ -44,22 +48,28 @@ def check(result, what: str):
 
 
 @functools.cache
-def has_gpu() -> tuple[bool, str]:
-    """(True, device name) when a CUDA device is usable, else (False, the reason in one line)."""
+def probe_gpu() -> tuple[bool, str, str]:
+    """(usable, one line in the project's words, the library's own message for --verbose)."""
     try:
         driver = _driver()
         err, = driver.cuInit(0)
         if err != driver.CUresult.CUDA_SUCCESS:
-            return False, f"cuInit failed ({err.name}): no usable NVIDIA driver"
+            return False, "the NVIDIA driver did not start", f"cuInit returned {err.name}"
         err, count = driver.cuDeviceGetCount()
         if err != driver.CUresult.CUDA_SUCCESS or count == 0:
-            return False, "the NVIDIA driver sees no CUDA device"
+            return False, "the NVIDIA driver sees no CUDA device", f"cuDeviceGetCount: {err.name}, {count} devices"
         err, name = driver.cuDeviceGetName(256, 0)
-        return True, name.split(b"\0")[0].decode()
+        name = name.split(b"\0")[0].decode()
+        return True, name, name
     except ImportError as e:
-        return False, f"cuda-python is not installed ({e})"
+        return False, "cuda-python is not installed", str(e)
     except Exception as e:  # cuda.pathfinder raises when libcuda.so is absent (a machine without a driver)
-        return False, f"no NVIDIA driver: {type(e).__name__}: {str(e).splitlines()[0]}"
+        return False, "no NVIDIA driver on this machine", f"{type(e).__name__}: {e}"
+
+
+def has_gpu() -> tuple[bool, str]:
+    """(True, device name) when a CUDA device is usable, else (False, the reason in one line)."""
+    return probe_gpu()[:2]
 
 
 @dataclass
@@ -125,7 +135,14 @@ class Gpu:
     # ---------------------------------------------------------------- memory
     def empty(self, shape: tuple[int, ...], dtype: str) -> DeviceArray:
         nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][0])
-        buf = self.device.allocate(nbytes, stream=self.stream)
+        try:
+            buf = self.device.allocate(nbytes, stream=self.stream)
+        except Exception as e:
+            if "OUT_OF_MEMORY" not in str(e) and "out of memory" not in str(e).lower():
+                raise
+            free, total = self.memory()
+            raise GpuMemoryError(f"cannot allocate {nbytes / 1e9:.2f} GB for a {shape} {dtype} array: the device "
+                                 f"has {free / 1e9:.2f} GB free of {total / 1e9:.1f} GB") from None
         return DeviceArray(int(buf.handle), tuple(shape), dtype, buf)
 
     def fill_bytes(self, arr: DeviceArray, byte: int) -> None:

@@ -5,7 +5,12 @@ from dataclasses import dataclass, field
 
 
 class SamplingParamsError(ValueError):
-    """A sampling parameter is out of range; the message names it and its value."""
+    """A sampling parameter is out of range; the message names it and its value (also kept as name, value,
+    why, so that a CLI can name its own flag instead)."""
+
+    def __init__(self, message: str, name: str = "", value=None, why: str = ""):
+        super().__init__(message)
+        self.name, self.value, self.why = name, value, why
 
 
 @dataclass(frozen=True)
@@ -20,7 +25,8 @@ class SamplingParams:
 
     def __post_init__(self):
         def bad(name, why):
-            raise SamplingParamsError(f"SamplingParams.{name}={getattr(self, name)!r}: {why}")
+            value = getattr(self, name)
+            raise SamplingParamsError(f"SamplingParams.{name}={value!r}: {why}", name, value, why)
 
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             bad("max_tokens", "must be an integer >= 1")

@@ -1,5 +1,6 @@
-"""python -m stage01_loading [--model DIR|PRESET] [--prompt TEXT [--chat]]: load a checkpoint onto the GPU, print
-its model card, and (with --prompt) the prompt's token ids and their embedding rows, gathered on the GPU."""
+"""python -m <this stage> [--model DIR|PRESET] [--prompt TEXT [--chat]]: load a checkpoint onto the GPU, print its
+model card, and (with --prompt) the prompt's token ids and their embedding rows, gathered on the GPU. Without a
+GPU the checkpoint is validated and the prompt tokenised on the CPU."""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +10,11 @@ import time
 import numpy as np
 
 from common.checkpoint import Checkpoint, CheckpointError
+from common.cli import add_model_flags, announce_preset, no_gpu_line
 from common.config import ConfigError
 from common.device import has_gpu
-from common.synthetic import DEFAULT_PRESET, PRESETS, resolve_model
+from common.synthetic import DEFAULT_PRESET, resolve_model
+from common.tokenizer import Tokenizer, TokenizerError
 
 
 def parameter_groups(ckpt: Checkpoint) -> dict[str, int]:
@@ -39,27 +42,29 @@ def model_card(ckpt: Checkpoint) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stage01_loading", description=__doc__)
-    ap.add_argument("--model", default=DEFAULT_PRESET,
-                    help=f"checkpoint folder or preset ({', '.join(PRESETS)}); default: {DEFAULT_PRESET}")
+    ap = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__)
+    add_model_flags(ap)
     ap.add_argument("--prompt", help="tokenize this and gather its embedding rows (the stage's one kernel)")
     ap.add_argument("--chat", action="store_true", help="wrap --prompt in the Llama 3.2 Instruct chat template")
     args = ap.parse_args(argv)
-    if args.model in PRESETS:
-        print(f"[{args.model}] synthetic checkpoint: random weights (meaningless text, real shapes and speed)")
+    model = args.model or DEFAULT_PRESET      # validating needs no GPU: the default is the same on any machine
+    announce_preset(model)
     try:
-        ckpt = Checkpoint(resolve_model(args.model))
-    except (CheckpointError, ConfigError) as e:
+        ckpt = Checkpoint(resolve_model(model))
+        ids = prompt_ids(ckpt.folder, args.prompt, args.chat) if args.prompt is not None else None
+    except (CheckpointError, ConfigError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print("\n".join(model_card(ckpt)))
-    ok, why = has_gpu()
+    ok, _ = has_gpu()
     if not ok:
-        print(f"no GPU ({why}): checkpoint validated on the CPU; nothing was loaded onto a device")
+        print(no_gpu_line("checkpoint validated on the CPU; nothing was loaded onto a device", args.verbose))
+        if ids is not None:
+            print(f"prompt     {len(ids)} tokens: {ids[:16]}{' ...' if len(ids) > 16 else ''} (tokenised on the CPU)")
         return 0
     from .engine import Engine
 
-    engine = Engine(args.model, progress=True)
+    engine = Engine(model, progress=True)
     s = engine.weights.stats
     print(f"gpu        {engine.gpu.name} ({engine.gpu.arch})")
     print(f"loaded     {s.bytes / 1e9:.3f} GB in {s.seconds:.2f} s = {s.gb_per_s:.2f} GB/s "
@@ -73,18 +78,20 @@ def main(argv=None) -> int:
         return 1
     print(f"check      all {len(engine.weights.tensors)} tensors on the GPU equal the file bytes "
           f"(64-bit positional checksums, {took:.1f} s)")
-    if args.prompt is not None:
-        show_embedding(engine, args.prompt, args.chat)
+    if ids is not None:
+        show_embedding(engine, ids)
     return 0
 
 
-def show_embedding(engine, prompt: str, chat: bool) -> None:
+def prompt_ids(folder, prompt: str, chat: bool) -> list[int]:
+    tok = Tokenizer(folder)
+    return tok.encode_chat(prompt) if chat else tok.encode(prompt)
+
+
+def show_embedding(engine, ids: list[int]) -> None:
     """The first step of every forward pass, on the GPU: token ids -> hidden rows (T, H)."""
     from common.bf16 import bf16_to_f32
-    from common.tokenizer import Tokenizer
 
-    tok = Tokenizer(engine.folder)
-    ids = tok.encode_chat(prompt) if chat else tok.encode(prompt)
     rows = bf16_to_f32(engine.embed(ids))                                   # (T, H)
     same = (engine.embed(ids) == engine.checkpoint.raw("model.embed_tokens.weight")[ids]).all()
     print(f"prompt     {len(ids)} tokens: {ids[:16]}{' ...' if len(ids) > 16 else ''}")

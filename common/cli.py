@@ -1,0 +1,107 @@
+"""The command line of every generating stage: `python -m <stage> [--model DIR|PRESET] --prompt TEXT [--chat]
+[--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--max-model-len L] [--verbose]`.
+
+Text is streamed as it is generated. Without --model: the embedded 1B-shape synthetic checkpoint on a GPU, the
+tiny preset without one. Without a GPU the same request runs through the numpy reference engine, on the model
+given: a given model is validated exactly as on a GPU and never swapped for another.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Callable
+
+from common.checkpoint import Checkpoint, CheckpointError
+from common.config import ConfigError
+from common.device import GpuMemoryError, probe_gpu
+from common.prompts import PromptError
+from common.sampling import SamplingParams, SamplingParamsError
+from common.synthetic import DEFAULT_PRESET, PRESETS, resolve_model
+from common.tokenizer import TokenizerError
+
+NO_GPU_PRESET = "tiny"
+LARGE_FOR_NUMPY = 100_000_000   # parameters: above this the numpy reference takes seconds per token
+FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+         "seed": "--seed"}     # SamplingParams field -> the flag a user typed
+USER_ERRORS = (CheckpointError, ConfigError, PromptError, SamplingParamsError, TokenizerError, GpuMemoryError)
+
+
+def no_gpu_line(what: str, verbose: bool) -> str:
+    """One line, in the project's words, saying there is no GPU and what runs instead (the library's own
+    message only with --verbose)."""
+    _, why, detail = probe_gpu()
+    return f"no GPU ({why}): {what}" + (f"\n  detail: {detail}" if verbose else "")
+
+
+def add_model_flags(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help=f"checkpoint folder or preset ({', '.join(PRESETS)}); default: "
+                    f"{DEFAULT_PRESET} on a GPU, {NO_GPU_PRESET} without one")
+    ap.add_argument("--verbose", action="store_true", help="say more about what was found (the GPU probe)")
+
+
+def announce_preset(model: str) -> None:
+    if model in PRESETS:
+        print(f"[{model}] synthetic checkpoint: random weights (meaningless text, real shapes and speed)")
+
+
+def sampling_params(args) -> SamplingParams:
+    """The request's SamplingParams; an invalid value is reported under the flag that set it."""
+    try:
+        return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, seed=args.seed)
+    except SamplingParamsError as e:
+        raise SamplingParamsError(f"{FLAGS.get(e.name, e.name)} {e.value!r}: {e.why}", e.name, e.value,
+                                  e.why) from None
+
+
+def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], argv=None) -> int:
+    """The generating CLI of a stage whose GPU engine `gpu_engine(model, max_model_len)` builds."""
+    ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=__doc__.split("\n\n")[0])
+    add_model_flags(ap)
+    ap.add_argument("--prompt", required=True)
+    ap.add_argument("--chat", action="store_true", help="wrap the prompt in the Llama 3.2 Instruct chat template")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=SamplingParams.temperature)
+    ap.add_argument("--top-p", type=float, default=SamplingParams.top_p)
+    ap.add_argument("--top-k", type=int, default=SamplingParams.top_k)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--max-model-len", type=int, default=None)
+    args = ap.parse_args(argv)
+    on_gpu = probe_gpu()[0]
+    model = args.model or (DEFAULT_PRESET if on_gpu else NO_GPU_PRESET)
+    try:
+        params = sampling_params(args)
+        if not on_gpu:
+            print(no_gpu_line(f"running the numpy reference engine on {model} instead", args.verbose))
+        announce_preset(model)
+        if on_gpu:
+            engine = gpu_engine(model, args.max_model_len)
+        else:
+            engine = reference_engine(model, args.max_model_len)
+        tok = engine.prompts.tokenizer
+        prompt = tok.encode_chat(args.prompt) if args.chat else args.prompt
+        text = tok.stream()
+        start, n, reason = time.perf_counter(), 0, None
+        for token, reason in engine.stream(prompt, params):
+            print(text.step(token), end="", flush=True)
+            n += 1
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    took = time.perf_counter() - start
+    print(f"\n[{n} tokens in {took:.2f} s, {n / took:.1f} tok/s, finish_reason={reason!r}, "
+          f"time to first token {engine.timings[-1].ttft_s * 1e3:.1f} ms]")
+    return 0
+
+
+def reference_engine(model: str, max_model_len: int | None):
+    """The numpy reference on the given model, validated first; a large model is announced as slow."""
+    from common.reference import ReferenceEngine
+
+    config = Checkpoint(resolve_model(model)).config      # every validation error, before any weight is read
+    n = config.num_parameters()
+    if n > LARGE_FOR_NUMPY:
+        print(f"note: {n / 1e9:.2f}B parameters in float32 on the CPU ({4 * n / 1e9:.1f} GB of memory); "
+              "expect seconds per token")
+    return ReferenceEngine(model, max_model_len=max_model_len)
