@@ -1,4 +1,4 @@
-"""Stage 01: a Hugging Face checkpoint onto the GPU, validated; the first kernel (embedding gather)."""
+"""A Hugging Face checkpoint onto the GPU, validated; the first kernel (embedding gather)."""
 from .engine import Engine
 
 __all__ = ["Engine"]

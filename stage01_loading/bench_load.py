@@ -1,6 +1,6 @@
 """Load GB/s of a checkpoint onto the GPU against a plain read of the same file bytes (pytest-benchmark).
 
-    pytest stage01_loading/bench_load.py --benchmark-only -m gpu      # the 1B preset: 2.47 GB
+    pytest <this stage>/bench_load.py --benchmark-only -m gpu      # the 1B preset: 2.47 GB
 The first call writes the preset (once) and warms the page cache, so both measure memory, not the disk.
 `serial` is one pinned slot filled by one thread (copy, then DMA, then copy...); `4-threads` is the loader's default.
 """
@@ -30,7 +30,7 @@ def test_plain_read(benchmark, checkpoint):
 @pytest.mark.parametrize("slots", [1, 4], ids=["serial", "4-threads"])
 def test_load_to_gpu(benchmark, checkpoint, slots):
     from common.device import get_gpu
-    from stage01_loading.weights import load_weights
+    from .weights import load_weights
 
     gpu = get_gpu()
 

@@ -1,4 +1,4 @@
-"""Stage 01 engine: open and validate a checkpoint, put its weights on the GPU, prove they arrived intact.
+"""The engine: open and validate a checkpoint, put its weights on the GPU, prove they arrived intact.
 
 No forward pass yet (stage02_forward adds it); the one kernel that uses weights is the embedding gather.
 """
@@ -39,5 +39,5 @@ class Engine:
         return self.gpu.to_host(out)
 
     def generate(self, prompts, params):
-        raise NotImplementedError("stage01_loading only loads and verifies weights; text generation starts in "
+        raise NotImplementedError("this stage only loads and verifies weights; text generation starts in "
                                   "stage02_forward (python -m stage02_forward)")

@@ -1,6 +1,6 @@
-"""Stage 02 against its baselines, in one run (pytest-benchmark):
+"""The forward pass against its baselines, in one run (pytest-benchmark):
 
-    pytest stage02_forward/bench_forward.py --benchmark-only -m gpu
+    pytest <this stage>/bench_forward.py --benchmark-only -m gpu
 
   prefill   tokens/s of one forward over T = 128, 512, 2048 prompt tokens:
             stage02 and the numpy reference on the `small` preset; stage02 and HF transformers (eager) on 1B
@@ -27,7 +27,7 @@ def prompt(n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def stage02():
-    from stage02_forward import Engine
+    from . import Engine
 
     cache = {}
 

@@ -1,4 +1,4 @@
-"""Stage 02 engine: generation by re-running the whole forward pass for every new token (no cache yet).
+"""The engine: generation by re-running the whole forward pass for every new token (no cache yet).
 
     prefill:  run the T-token prompt, sample token T+1 from the last position's logits
     decode:   append it and run all T+1 tokens again, sample, ... until a stop id, max_tokens or max_model_len

@@ -1,7 +1,7 @@
-"""Stage 03's decode with a KV cache (pytest-benchmark). Against stage02 in the same run: the harness,
+"""Decode with a KV cache (pytest-benchmark). Against stage02 in the same run: the harness,
 `python -m common.bench --stages 02,03 --workload latency|growth` (a stage never imports another).
 
-    pytest stage03_kvcache/bench_kvcache.py --benchmark-only -m gpu
+    pytest <this stage>/bench_kvcache.py --benchmark-only -m gpu
 
   latency   ms per decode step and time to first token, 128 prompt + 256 new tokens (1B preset, greedy)
   growth    decode tok/s over the first 64, 256 and 1024 new tokens after a 512-token prompt
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def engine():
-    from stage03_kvcache import Engine
+    from . import Engine
 
     return Engine(ONE_B, max_model_len=MAX_LEN)
 

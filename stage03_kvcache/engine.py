@@ -1,4 +1,4 @@
-"""Stage 03 engine: generation with a KV cache, so each decode step computes one token.
+"""The engine: generation with a KV cache, so each decode step computes one token.
 
     prefill:  run the T-token prompt once, writing every layer's K/V into the cache; sample token T+1
     decode:   run only the newest token at its position, attending over the cached K/V; sample; repeat until

@@ -1,7 +1,7 @@
-"""Stage 04's static batches (pytest-benchmark). Against stage03 in the same run: the harness,
+"""Static batches (pytest-benchmark). Against stage03 in the same run: the harness,
 `python -m common.bench --stages 03,04 --workload batch` (a stage never imports another).
 
-    pytest stage04_static_batch/bench_batch.py --benchmark-only -m gpu
+    pytest <this stage>/bench_batch.py --benchmark-only -m gpu
 
   batch    output tok/s at B = 1, 8, 32, 64 (128 prompt + 128 new tokens each, 1B preset, greedy)
   ragged   256 requests, prompts and outputs of 100..1024 tokens: output tok/s, slot waste and padding
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def engine():
-    from stage04_static_batch import Engine
+    from . import Engine
 
     return Engine(ONE_B, max_model_len=2048, max_batch_size=64)
 

@@ -1,4 +1,4 @@
-"""Stage 04 engine: static batching. Up to max_batch_size requests run as one batch, from one batched prefill
+"""The engine: static batching. Up to max_batch_size requests run as one batch, from one batched prefill
 to the end of the longest of them.
 
     for each batch (requests in arrival order, max_batch_size at a time):

@@ -1,6 +1,7 @@
 """Each stage is a copy of the previous one plus one idea. Its README names, in a ```lineage block, exactly the
 files it adds, changes or removes against the previous stage (the first stage: all of its files). A fix that
-reached one copy but not the next shows up here as an unlisted difference."""
+reached one copy but not the next shows up here as an unlisted difference. A stage's files never name their own
+stage (tests reach it through relative imports), so a copy stays byte-identical unless the idea changes it."""
 import filecmp
 import re
 from pathlib import Path
@@ -50,3 +51,19 @@ def test_stage_never_imports_another_stage(stage):
             if other != stage:
                 assert not re.search(rf"^\s*(from|import)\s+{other.name}\b", py.read_text(), re.M), \
                     f"{py.relative_to(ROOT)} imports {other.name}"
+
+
+@pytest.mark.parametrize("index", range(1, len(STAGES)), ids=[s.name for s in STAGES[1:]])
+def test_no_file_differs_only_by_the_stage_name(index):
+    stage, prev = STAGES[index], STAGES[index - 1]
+    for f in sorted(stage_files(stage) & stage_files(prev)):
+        a, b = (stage / f).read_bytes(), (prev / f).read_bytes()
+        assert a == b or a.replace(stage.name.encode(), prev.name.encode()) != b, \
+            f"{stage.name}/{f} differs from {prev.name}/{f} only by the stage's name"
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=[s.name for s in STAGES])
+def test_no_file_names_its_own_stage(stage):
+    for f in sorted(stage_files(stage) - {"README.md"}):
+        text = (stage / f).read_text(errors="replace")
+        assert stage.name not in text, f"{stage.name}/{f} names its own stage (use a relative import or 'this stage')"

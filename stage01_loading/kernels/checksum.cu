@@ -3,7 +3,7 @@
 //   c = sum_i (w_i + 1) * (2i + 1)   mod 2^64,   w_i the i-th 16-bit word of the tensor
 //
 // The weight (2i + 1) makes the sum depend on position (a swapped or shifted block changes it), the + 1 makes
-// zero words count. The host computes the same sum with numpy over the mapped file (stage01 weights.py).
+// zero words count. The host computes the same sum with numpy over the mapped file (weights.py).
 // Addition mod 2^64 is associative, so the order of the parallel reduction does not matter: the result is
 // bit-exact, not "close".
 //

@@ -1,7 +1,7 @@
 """The host side of the GPU-copy check: the checksum must notice any changed, swapped or zeroed word."""
 import numpy as np
 
-from stage01_loading.weights import host_checksum
+from ..weights import host_checksum
 
 
 def brute(words):

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def sampler():
-    from stage02_forward.kernels import Kernels
+    from ..kernels import Kernels
 
     kernels = Kernels(get_gpu())
     gpu = kernels.gpu

@@ -1,6 +1,6 @@
 """CPU: the weight arena puts each layer's q/k/v and gate/up back to back (fusion as a view), every tensor once."""
 from common.checkpoint import Checkpoint
-from stage03_kvcache.weights import ALIGN, FUSED, arena_layout
+from ..weights import ALIGN, FUSED, arena_layout
 
 
 def test_fused_groups_are_adjacent_and_nothing_overlaps(tiny_sharded_dir):

@@ -2,7 +2,7 @@
 import pytest
 
 from common.synthetic import PRESETS
-from stage03_kvcache.cache import CacheFullError, check_write, kv_cache_bytes
+from ..cache import CacheFullError, check_write, kv_cache_bytes
 
 
 def test_1b_cache_is_32_kib_per_token_and_gqa_makes_it_4x_smaller():

@@ -11,14 +11,14 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def kernels():
-    from stage03_kvcache.kernels import Kernels
+    from ..kernels import Kernels
 
     return Kernels(get_gpu())
 
 
 @pytest.mark.parametrize("fixture", ["tiny_dir", "tiny_sharded_dir", "tiny_untied_dir", "small_dir"])
 def test_gpu_copy_equals_file(fixture, request):
-    from stage03_kvcache import Engine
+    from .. import Engine
 
     engine = Engine(str(request.getfixturevalue(fixture)))
     assert engine.verify() == []
@@ -32,7 +32,7 @@ def test_gpu_copy_equals_file(fixture, request):
 
 
 def test_verify_catches_a_corrupted_byte(tiny_dir):
-    from stage03_kvcache import Engine
+    from .. import Engine
 
     engine = Engine(str(tiny_dir))
     target = engine.weights["model.layers.0.mlp.down_proj.weight"]
@@ -41,7 +41,7 @@ def test_verify_catches_a_corrupted_byte(tiny_dir):
 
 
 def test_checksum_kernel_equals_host_on_random_odd_sizes(kernels):
-    from stage03_kvcache.weights import host_checksum
+    from ..weights import host_checksum
 
     gpu = kernels.gpu
     rng = np.random.default_rng()
@@ -68,7 +68,7 @@ def test_embedding_gather_equals_numpy(kernels, T, V, H):
 
 
 def test_engine_embed_matches_reference(tiny_dir):
-    from stage03_kvcache import Engine
+    from .. import Engine
 
     engine = Engine(str(tiny_dir))
     ids = [128000, 5, 127999, 42]
@@ -86,7 +86,7 @@ def test_embedding_launcher_rejects_bad_shapes(kernels):
 
 @pytest.mark.slow
 def test_1b_preset_loads_and_verifies():
-    from stage03_kvcache import Engine
+    from .. import Engine
 
     engine = Engine("llama-3.2-1b")
     assert engine.weights.stats.bytes == 2 * 1_235_814_400
@@ -95,7 +95,7 @@ def test_1b_preset_loads_and_verifies():
 
 @pytest.mark.parametrize("slots", [1, 2, 7])
 def test_any_number_of_staging_slots_copies_exactly(tiny_sharded_dir, kernels, slots):
-    from stage03_kvcache.weights import load_weights, verify
+    from ..weights import load_weights, verify
 
     ckpt = Checkpoint(tiny_sharded_dir)
     weights = load_weights(ckpt, kernels.gpu, progress=False, slots=slots)

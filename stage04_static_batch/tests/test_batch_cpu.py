@@ -5,7 +5,7 @@ import pytest
 
 from common.outputs import Timing
 from common.sampling import SamplingParams
-from stage04_static_batch.batch import BatchStats, Sequence, StaticBatch, plan_batches
+from ..batch import BatchStats, Sequence, StaticBatch, plan_batches
 
 L = 64   # max_model_len of these batches
 

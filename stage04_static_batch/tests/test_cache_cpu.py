@@ -2,7 +2,7 @@
 from dataclasses import replace
 
 from common.synthetic import PRESETS
-from stage04_static_batch.cache import kv_cache_bytes
+from ..cache import kv_cache_bytes
 
 
 def test_1b_cache_is_32_kib_per_token_per_slot_and_gqa_makes_it_4x_smaller():

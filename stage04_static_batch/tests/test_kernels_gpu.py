@@ -19,7 +19,7 @@ def rel_l2(got, want) -> float:
 
 @pytest.fixture(scope="module")
 def kernels():
-    from stage04_static_batch.kernels import Kernels
+    from ..kernels import Kernels
 
     return Kernels(get_gpu())
 

@@ -24,7 +24,7 @@ def launch(kernels, logits, temperature, top_k, top_p, seed, counter):
 
 @pytest.fixture(scope="module")
 def kernels():
-    from stage04_static_batch.kernels import Kernels
+    from ..kernels import Kernels
 
     return Kernels(get_gpu())
 
