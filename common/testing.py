@@ -1,52 +1,87 @@
-"""What the GPU tests of several stages compare with: error per row, how clearly a greedy choice is decided, and
-the rule for two greedy runs that part ways.
+"""What the GPU tests of every stage compare with: one error measure for logits, and one rule for greedy tokens.
 
-Two correct bf16 engines (or one engine at two batch shapes, whose GEMMs sum in another order) give logits that
-differ by about the design's tolerance, so where two tokens are nearly level, each engine may rank them its own
-way. How near is "nearly" depends on the model: on the 1B shape a flip at 0.10 logit std was seen between two
-engines whose logits agreed to 2e-2. So the rule does not guess a threshold; it checks that each engine's own
-logits explain its choice, and the caller bounds how far the two engines' logits are apart.
+The measure is the design's: relative L2 over the whole logits tensor, ‖got − want‖ / ‖want‖, below 2e-2 (`rel_l2`).
+A per-row bound is the same number asked of each row alone, and a row is a noisier sample of the same rounding:
+on tiny one decode row of 128K logits reached 2.34e-2 while its tensor was at 1.19e-2, with every token equal.
+So every stage asserts the whole-tensor figure and prints the worst row (`rel_l2_rows`).
+
+The greedy rule. Two correct bf16 engines (or one engine at two batch shapes, whose GEMMs sum in another order)
+give logits that differ by about that tolerance, so where two tokens are nearly level each may rank them its own
+way. How near is near is measured, not guessed: no logit moved by more than max |got − want| between the two
+engines, so a top-1 choice whose margin (top-1 minus top-2) exceeds twice that cannot flip (`flip_bound`). Such a
+step is decided, and there the tokens must be equal. `check_greedy` asserts, for two greedy runs and each
+engine's logits along the earlier run's tokens (teacher-forced):
+  1. at every decided step, the later engine's top-1 is the earlier run's token;
+  2. the runs are equal token for token up to their first divergence, which must be at an undecided step;
+  3. there, each engine's own logits prefer its own token (to within the flip bound: the teacher-forced path may
+     round unlike the generating one), so the runs part only because their logits differ.
 """
 from __future__ import annotations
 
 import numpy as np
 
-NEAR_TIE = 0.05   # logit std: below it, a top-1 choice is left to bf16 rounding (the top-1 agreement tests)
+NEAR_TIE = 0.05   # logit std: below it a top-1 choice is left to bf16 rounding (agreement with HF, which we
+#                   cannot teacher-force along our tokens; see the 1B tests)
+
+
+def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    """‖got − want‖ / ‖want‖ over the whole tensor: the design's measure (NaN never passes)."""
+    assert not np.isnan(got).any(), "NaN in the logits"
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
 def rel_l2_rows(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """‖got_t − want_t‖ / ‖want_t‖ for every row t (NaN never passes)."""
+    """‖got_t − want_t‖ / ‖want_t‖ for every row t: for the printout (the worst row), not the assertion."""
     assert not np.isnan(got).any(), "NaN in the logits"
     return np.linalg.norm(got - want, axis=-1) / np.linalg.norm(want, axis=-1)
 
 
 def top1_margin(logits: np.ndarray) -> np.ndarray:
-    """(top-1 − top-2) / std of each row: how clearly the greedy choice is decided."""
+    """(top-1 − top-2) / std of each row: how clearly the greedy choice is decided, in logit std."""
     top2 = np.sort(logits, axis=-1)[..., -2:]
     return (top2[..., 1] - top2[..., 0]) / logits.std(axis=-1)
 
 
-def greedy_divergence(got: list[int], want: list[int], got_logits: np.ndarray, want_logits: np.ndarray) -> int | None:
-    """The first step where greedy `got` leaves `want`, or None if they are equal token for token.
+def flip_bound(got_logits: np.ndarray, want_logits: np.ndarray) -> float:
+    """The largest top-1 margin the measured difference between two engines' logits can overturn: 2 max |Δ|
+    (the top token can fall by max |Δ| while the runner-up rises by as much)."""
+    return 2.0 * float(np.abs(got_logits - want_logits).max())
 
-    got_logits and want_logits (len(want), V) are each engine's logits along `want`'s tokens (teacher-forced), so
-    at the first divergence both see the same prefix. There, each engine must prefer its own token by its own
-    logits, to within NEAR_TIE std (the teacher-forced path may round unlike the generating one): then the two
-    runs part only because their logits differ, which the caller's tolerance bounds. An AssertionError otherwise,
-    or if the lengths differ without a divergence."""
+
+def decided_steps(got_logits: np.ndarray, want_logits: np.ndarray) -> np.ndarray:
+    """(steps,) bool: where the earlier engine's top-1 margin exceeds the flip bound."""
+    top2 = np.sort(want_logits, axis=-1)[..., -2:]
+    return (top2[..., 1] - top2[..., 0]) > flip_bound(got_logits, want_logits)
+
+
+def check_greedy(got: list[int], want: list[int], got_logits: np.ndarray, want_logits: np.ndarray) -> int | None:
+    """Assert the greedy rule above; return the first step where `got` leaves `want` (None: equal throughout).
+    got_logits and want_logits are (len(want), V): each engine's logits along `want`'s tokens."""
+    assert len(got_logits) == len(want_logits) == len(want), "logits must be given along want's tokens"
+    bound, decided = flip_bound(got_logits, want_logits), decided_steps(got_logits, want_logits)
+    top1 = got_logits.argmax(-1)
+    bad = [i for i in np.flatnonzero(decided) if top1[i] != want[i]]
+    assert not bad, (f"step {bad[0]}: top-1 {top1[bad[0]]} differs from the earlier run's token {want[bad[0]]} "
+                     f"at a decided step (flip bound {bound:.3g})")
     step = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if step is None:
         assert len(got) == len(want), f"{len(got)} tokens against {len(want)}"
         return None
+    assert not decided[step], (f"the runs part at step {step}, where the earlier engine's margin "
+                               f"{top1_margin(want_logits[step]):.3f} std exceeds what the logit error can flip")
     mine, theirs = got[step], want[step]
     for name, logits, own, other in (("got", got_logits[step], mine, theirs),
                                      ("want", want_logits[step], theirs, mine)):
-        lead = (logits[own] - logits[other]) / logits.std()
-        assert lead > -NEAR_TIE, (f"step {step}: {name}'s own logits put token {other} {-lead:.3f} std above the "
-                                  f"token {own} it chose; the divergence is not explained by the logits")
+        lead = logits[own] - logits[other]
+        assert lead > -bound, (f"step {step}: {name}'s own logits put token {other} {-lead:.3g} above the token "
+                               f"{own} it chose; the divergence is not explained by the logits")
     return step
 
 
-def divergence_margin(want_logits: np.ndarray, step: int | None) -> str:
-    """How decided the earlier engine thought the step where the runs parted was, for the test's printout."""
-    return "" if step is None else f" (parted at step {step}, margin {top1_margin(want_logits[step]):.3f} std)"
+def agreement_line(got_logits: np.ndarray, want_logits: np.ndarray, step: int | None, n: int) -> str:
+    """The test's printout: equal tokens, decided steps, where the runs parted and how decided that was."""
+    decided = decided_steps(got_logits, want_logits)
+    part = "" if step is None else f"; parted at step {step}, margin {top1_margin(want_logits[step]):.3f} std"
+    return (f"equal for {n if step is None else step} of {n} tokens; {int(decided.sum())} of {len(decided)} steps "
+            f"decided (flip bound {flip_bound(got_logits, want_logits):.3g}){part}; logits rel L2 "
+            f"{rel_l2(got_logits, want_logits):.2e}, worst row {rel_l2_rows(got_logits, want_logits).max():.2e}")
