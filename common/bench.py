@@ -179,9 +179,8 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
     prompts, params = [r[0] for r in reqs], [r[1] for r in reqs]
     info: dict = {"max_model_len": max_model_len, "weight_bytes": Checkpoint(resolve_model(model)).total_bytes}
     t = time.perf_counter()
-    try:   # warm-up: kernels compiled (hf-compile: the decode step compiled and captured), buffers touched
-        warm = params[0] if engine_spec(tag).batch_one else replace(params[0], max_tokens=min(4, params[0].max_tokens))
-        engine.generate(prompts[:1], warm)
+    try:
+        warm_up(engine, workload, prompts, params, full=engine_spec(tag).batch_one)
     except NotImplementedError as e:
         return {"unsupported": str(e)}
     except MemoryError as e:
@@ -209,6 +208,22 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
     if workload == "long" and before is not None and after is not None:
         info[f"memory_beyond_weights_gb_at_{prompt_tokens}"] = (after - before - info["weight_bytes"]) / 1e9
     return {"runs": runs, "info": info}
+
+
+def warm_up(engine, workload: str, prompts, params, full: bool) -> None:
+    """Compile the kernels and touch every batch shape the timed runs use, a few tokens each (the first timed
+    run was seen 30-50% slower without it at B = 8..64). `full`: the first request as timed (hf-compile compiles
+    and captures the decode step for its cache length). `long` warms on a short prompt: no extra 32K prefill."""
+    def short(p):
+        return replace(p, max_tokens=min(4, p.max_tokens))
+
+    if full:
+        engine.generate(prompts[:1], params[0])
+    elif workload == "long":
+        engine.generate([prompts[0][:128]], short(params[0]))
+    else:
+        for n in (BATCH_SIZES if workload == "batch" else (min(len(prompts), 64),)):
+            engine.generate(prompts[:n], [short(p) for p in params[:n]])
 
 
 def generate_once(engine, prompts, params) -> tuple[float, list]:
@@ -433,6 +448,8 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", type=int, default=1,
                     help="fresh processes per engine, in alternating order; their runs are pooled")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--lengths", default=",".join(map(str, LONG_LENGTHS)),
+                    help="`long`: the prompt lengths, comma-separated")
     ap.add_argument("--verbose", action="store_true", help="show each worker's own output")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-tokens", type=int, help=argparse.SUPPRESS)
@@ -451,29 +468,20 @@ def main(argv=None) -> int:
     skipped = {names[t]: why for t in tags if (why := skip_reason(t))}
     for name, why in skipped.items():
         print(f"{name}: {why}")
-    lengths = LONG_LENGTHS if a.workload == "long" else (None,)
+    lengths = tuple(int(n) for n in a.lengths.split(",")) if a.workload == "long" else (None,)
+    env = environment()
     for rep in range(a.processes):
         order = tags if rep % 2 == 0 else tags[::-1]   # alternate, so drift does not favour one engine
         for t in (t for t in order if names[t] not in skipped):
             for n in lengths:
+                t0 = time.perf_counter()
                 raw[names[t]].append(run_worker(t, a.model, a.workload, a.repeats, n, a.verbose))
-    results = {name: ({"skipped": skipped[name]} if name in skipped else merge(r)) for name, r in raw.items()}
-    summary = summarise(results)
-    env = environment()
-    for s in summary.values():   # model bandwidth utilisation: weight bytes read per step over the copy rate
-        if "ms_per_decode_step" in s and env.get("copy_bandwidth_gb_per_s") and a.workload == "latency":
-            s["bandwidth_utilisation"] = s["weight_bytes"] / (s["ms_per_decode_step"] / 1e3) / (
-                env["copy_bandwidth_gb_per_s"] * 1e9)
-    notes = spread_warnings(summary, workload)
-    record = {"workload": asdict(workload), "model": a.model, "date": datetime.date.today().isoformat(),
-              "environment": env, "repeats": a.repeats, "processes": a.processes, "stages": summary,
-              "spread_warnings": notes, "raw": raw}
-    if all("skipped" in s for s in summary.values()):
+                print(f"[{names[t]}{f' at {n} tokens' if n else ''}: {time.perf_counter() - t0:.0f} s] "
+                      + json.dumps(raw[names[t]][-1])[:300], file=sys.stderr, flush=True)
+                write_record(a, workload, env, raw, skipped, complete=False)   # a cut-off run keeps these
+    summary, notes, path = write_record(a, workload, env, raw, skipped, complete=True)
+    if path is None:
         return 0                                       # nothing ran: no result file
-    a.out.mkdir(parents=True, exist_ok=True)
-    gpu = (env["gpu"] or "cpu").replace(" ", "-")
-    path = a.out / f"{gpu}_{record['date']}_{a.workload}-{a.stages.replace(',', '-')}.json"   # one file a comparison
-    path.write_text(json.dumps(record, indent=2))
     print(f"{a.workload}: {workload.figure}; {a.model}; medians (min-max) of {a.repeats} runs x {a.processes} "
           f"process(es)")
     print(format_table(summary, workload))
@@ -492,6 +500,29 @@ def main(argv=None) -> int:
         print(f"note: {n}")
     print(f"wrote {path}")
     return 0
+
+
+def write_record(a, workload: Workload, env: dict, raw: dict, skipped: dict, complete: bool):
+    """Summarise what has run so far and write the result file (rewritten after every worker, so a run cut off
+    by a time limit keeps what it measured, marked incomplete). Returns (summary, notes, path or None)."""
+    results = {name: ({"skipped": skipped[name]} if name in skipped else merge(r)) for name, r in raw.items()
+               if name in skipped or r}
+    summary = summarise(results)
+    for s in summary.values():   # model bandwidth utilisation: weight bytes read per step over the copy rate
+        if "ms_per_decode_step" in s and env.get("copy_bandwidth_gb_per_s") and a.workload == "latency":
+            s["bandwidth_utilisation"] = s["weight_bytes"] / (s["ms_per_decode_step"] / 1e3) / (
+                env["copy_bandwidth_gb_per_s"] * 1e9)
+    notes = spread_warnings(summary, workload)
+    record = {"workload": asdict(workload), "model": a.model, "date": datetime.date.today().isoformat(),
+              "environment": env, "repeats": a.repeats, "processes": a.processes, "complete": complete,
+              "stages": summary, "spread_warnings": notes, "raw": raw}
+    if all("skipped" in s for s in summary.values()):
+        return summary, notes, None
+    a.out.mkdir(parents=True, exist_ok=True)
+    gpu = (env["gpu"] or "cpu").replace(" ", "-")
+    path = a.out / f"{gpu}_{record['date']}_{a.workload}-{a.stages.replace(',', '-')}.json"   # one file a comparison
+    path.write_text(json.dumps(record, indent=2))
+    return summary, notes, path
 
 
 if __name__ == "__main__":

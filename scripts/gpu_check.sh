@@ -48,8 +48,8 @@ fi
 # the harness: every figure a median of 3 runs with its spread, against the previous stage and the baselines
 want latency && run harness-latency python3 -m common.bench --stages hf,hf-compile,03,04 --workload latency --out "$logs"
 want batch && run harness-batch python3 -m common.bench --stages 03,04 --workload batch --out "$logs"
-want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04 --workload long --out "$logs"
-want ragged && run harness-ragged python3 -m common.bench --stages hf-sdpa,04 --workload ragged --out "$logs"
+want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04 --workload long --lengths ${LONG_LENGTHS:-2048,8192,32768} --out "$logs"
+want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,hf-sdpa} --workload ragged --out "$logs"
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
 fi
