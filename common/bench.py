@@ -462,6 +462,7 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(result))
         return 0
     workload = WORKLOADS[a.workload]
+    a.started = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S")
     tags = a.stages.split(",")
     names = {t: engine_name(t) for t in tags}
     raw: dict[str, list[dict]] = {names[t]: [] for t in tags}
@@ -513,14 +514,17 @@ def write_record(a, workload: Workload, env: dict, raw: dict, skipped: dict, com
             s["bandwidth_utilisation"] = s["weight_bytes"] / (s["ms_per_decode_step"] / 1e3) / (
                 env["copy_bandwidth_gb_per_s"] * 1e9)
     notes = spread_warnings(summary, workload)
-    record = {"workload": asdict(workload), "model": a.model, "date": datetime.date.today().isoformat(),
+    now = datetime.datetime.now(datetime.timezone.utc)
+    record = {"workload": asdict(workload), "model": a.model, "date": now.date().isoformat(),
+              "time": a.started,
               "environment": env, "repeats": a.repeats, "processes": a.processes, "complete": complete,
               "stages": summary, "spread_warnings": notes, "raw": raw}
     if all("skipped" in s for s in summary.values()):
         return summary, notes, None
     a.out.mkdir(parents=True, exist_ok=True)
     gpu = (env["gpu"] or "cpu").replace(" ", "-")
-    path = a.out / f"{gpu}_{record['date']}_{a.workload}-{a.stages.replace(',', '-')}.json"   # one file a comparison
+    # one file a comparison: GPU, date, workload, engines, and the UTC time it started (two runs of a day differ)
+    path = a.out / f"{gpu}_{record['date']}_{a.workload}-{a.stages.replace(',', '-')}_{a.started.replace(':', '')}.json"
     path.write_text(json.dumps(record, indent=2))
     return summary, notes, path
 

@@ -3,10 +3,12 @@
     python -m common.readme          # rewrite every generated block
     python -m common.readme --check  # exit 1 if a README is out of date (tests/test_readme.py runs this)
 
-A generated block sits between `<!-- generated:NAME -->` and `<!-- end:NAME -->`; NAME picks the generator.
+A generated block sits between `<!-- generated:NAME -->` and `<!-- end:NAME -->`; NAME picks the generator: one
+of GENERATORS below (data-driven, naming no stage), or, in a stage's chapter, one its `chapter.py` declares.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -39,29 +41,7 @@ def presets() -> str:
     return "\n".join(rows)
 
 
-def load_results() -> str:
-    """stage01's figures: every committed load result (harness JSON and pytest-benchmark JSON)."""
-    rows = ["| date | GPU | measured by | load to GPU, GB/s | plain read of the same bytes, GB/s |",
-            "| --- | --- | --- | --- | --- |"]
-    for path in sorted(RESULTS.glob("*_load-*.json")):
-        r = json.loads(path.read_text())
-        s = r["stages"]["stage01_loading"]
-        rows.append(f"| {r['date']} | {r['environment']['gpu']} | `common.bench` (median of "
-                    f"{len(r['raw']['stage01_loading'])} processes) | {s['load_gb_per_s']:.2f} | "
-                    f"{s['plain_read_gb_per_s']:.2f} |")
-    for path in sorted(RESULTS.glob("*_pytest-bench-load.json")):
-        r = json.loads(path.read_text())
-        read = next(b for b in r["benchmarks"] if b["name"] == "test_plain_read")
-        gpu = path.name.split("_")[0].replace("-", " ")
-        for load in (b for b in r["benchmarks"] if b["name"].startswith("test_load_to_gpu")):
-            variant = load["name"].partition("[")[2].rstrip("]") or "default"
-            gbps = [b["extra_info"]["bytes"] / b["stats"]["median"] / 1e9 for b in (load, read)]
-            rows.append(f"| {r['datetime'][:10]} | {gpu} | `bench_load.py` {variant} (median of "
-                        f"{load['stats']['rounds']}) | {gbps[0]:.2f} | {gbps[1]:.2f} |")
-    return "\n".join(rows)
-
-
-def _pytest_bench(suffix: str) -> list[tuple[str, str, dict]]:
+def pytest_bench(suffix: str) -> list[tuple[str, str, dict]]:
     """(date, GPU, {test name: benchmark}) of every committed pytest-benchmark JSON named *_{suffix}.json."""
     out = []
     for path in sorted(RESULTS.glob(f"*_{suffix}.json")):
@@ -69,38 +49,6 @@ def _pytest_bench(suffix: str) -> list[tuple[str, str, dict]]:
         out.append((r["datetime"][:10], path.name.split("_")[0].replace("-", " "),
                     {b["name"]: b for b in r["benchmarks"]}))
     return out
-
-
-def forward_results() -> str:
-    """stage02's bench_forward.py figures: prefill tok/s, decode ms per step, and the decode-step split."""
-    lines = []
-    for date, gpu, b in _pytest_bench("pytest-bench-forward"):
-        def info(name, key):
-            return b[name]["extra_info"][key] if name in b else float("nan")
-
-        lines += [f"Measured {date} on {gpu} (`bench_forward.py`, medians):", "",
-                  "| prefill tokens | stage02, small | numpy reference, small | stage02, 1B | HF eager, 1B | "
-                  "stage02 / HF, 1B |", "| --- | --- | --- | --- | --- | --- |"]
-        for n in (128, 512, 2048):
-            ours, hf = info(f"test_prefill_stage02[{n}-llama-3.2-1b]", "tok_per_s"), info(
-                f"test_prefill_hf_eager[{n}]", "tok_per_s")
-            lines.append(f"| {n} | {info(f'test_prefill_stage02[{n}-small]', 'tok_per_s'):,.0f} tok/s | "
-                         f"{info(f'test_prefill_numpy_reference[{n}]', 'tok_per_s'):,.0f} tok/s | {ours:,.0f} tok/s | "
-                         f"{hf:,.0f} tok/s | {ours / hf:.2f}x |")
-        lines += ["", "| decode, `latency` (128 + 256 tokens) | ms per step | time to first token |",
-                  "| --- | --- | --- |"]
-        for label, name in [("stage02, small", "test_decode_stage02[small]"),
-                            ("numpy reference, small", "test_decode_numpy_reference"),
-                            ("stage02, 1B (re-runs the whole sequence)", "test_decode_stage02[llama-3.2-1b]"),
-                            ("HF eager, 1B (with its KV cache)", "test_decode_hf_eager")]:
-            lines.append(f"| {label} | {info(name, 'ms_per_decode_step'):.2f} | {info(name, 'ttft_ms'):.2f} ms |")
-        lines += ["", "| one stage02 decode step, 1B, over T tokens | wall | GPU work alone | host time to queue it "
-                  "| GPU idle share of the wall time |", "| --- | --- | --- | --- | --- |"]
-        for n in (128, 384):
-            name = f"test_decode_step_split[{n}]"
-            lines.append(f"| T = {n} | {info(name, 'wall_ms'):.2f} ms | {info(name, 'gpu_ms'):.2f} ms | "
-                         f"{info(name, 'host_queue_ms'):.2f} ms | {100 * info(name, 'gpu_idle_share'):.0f}% |")
-    return "\n".join(lines)
 
 
 def latency_results() -> str:
@@ -123,7 +71,7 @@ def _harness(workload: str) -> list[dict]:
 
 
 def growth_results() -> str:
-    """stage03's speed-up over stage02 by generated length (`growth`: a 512-token prompt, 1024 new tokens)."""
+    """`growth`: decode tok/s by generated length (512-token prompt, 1024 new tokens), and the ratio."""
     rows = ["| date | GPU | engine | decode tok/s, first 64 new | first 256 | first 1024 |",
             "| --- | --- | --- | --- | --- | --- |"]
     for r in _harness("growth"):
@@ -132,16 +80,16 @@ def growth_results() -> str:
             rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{name}` | " + " | ".join(
                 f"{s[f'decode_tok_per_s_at_{n}']:.1f}" for n in (64, 256, 1024)) + " |")
         if len(stages) == 2:
-            rows.append(f"| | | ratio, second / first | " + " | ".join(
+            rows.append("| | | ratio, second / first | " + " | ".join(
                 f"{stages[1][f'decode_tok_per_s_at_{n}'] / stages[0][f'decode_tok_per_s_at_{n}']:.2f}x"
                 for n in (64, 256, 1024)) + " |")
     return "\n".join(rows)
 
 
-def _split_table(suffix: str, param: str, label: str) -> str:
+def split_table(suffix: str, param: str, label: str) -> str:
     """The decode-step split of a pytest-benchmark file: one row per test_decode_step_split[...] case."""
     lines = []
-    for date, gpu, b in _pytest_bench(suffix):
+    for date, gpu, b in pytest_bench(suffix):
         lines += [f"Measured {date} on {gpu} (`test_decode_step_split`, median of 20 steps):", "",
                   f"| {label} | wall | GPU work alone | host time to queue it | bandwidth floor | GPU / floor |",
                   "| --- | --- | --- | --- | --- | --- |"]
@@ -151,14 +99,6 @@ def _split_table(suffix: str, param: str, label: str) -> str:
             lines.append(f"| {e[param]} | {e['wall_ms']:.2f} ms | {e['gpu_ms']:.2f} ms | {e['host_queue_ms']:.2f} ms"
                          f" | {e['bandwidth_floor_ms']:.2f} ms | {e['gpu_ms'] / e['bandwidth_floor_ms']:.1f}x |")
     return "\n".join(lines)
-
-
-def kvcache_split() -> str:
-    return _split_table("pytest-bench-kvcache", "cache_length", "cached positions")
-
-
-def batch_split() -> str:
-    return _split_table("pytest-bench-batch", "batch_size", "B (256 cached positions each)")
 
 
 def batch_results() -> str:
@@ -186,39 +126,36 @@ def ragged_results() -> str:
     return "\n".join(rows)
 
 
-H200_BF16_DENSE_TFLOPS = 989     # NVIDIA's H200 SXM datasheet figures (bf16 1979 TFLOP/s is with 2:4 sparsity)
-H200_HBM_TB_PER_S = 4.8
+def cross_stage() -> str:
+    from common.report import table
+
+    return table()
 
 
-def batch_arithmetic() -> str:
-    """Bytes and FLOPs of one decode step of the 1B preset at batch B, 256 cached positions per sequence."""
-    from common.synthetic import PRESETS
-
-    c = PRESETS["llama-3.2-1b"]
-    weights = 2 * c.num_parameters()
-    kv_per_token = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 2
-    attn_flops = 4 * c.num_attention_heads * c.head_dim * c.num_hidden_layers       # per sequence, per key
-    rows = ["| B | bytes read (weights + KV) | FLOPs | FLOP per byte | time to read them | time to compute them |",
-            "| --- | --- | --- | --- | --- | --- |"]
-    for B in (1, 8, 32, 64):
-        nbytes = weights + B * 256 * kv_per_token
-        flops = B * (2 * c.num_parameters() + 256 * attn_flops)
-        rows.append(f"| {B} | {nbytes / 1e9:.2f} GB | {flops / 1e9:.1f} G | {flops / nbytes:.1f} | "
-                    f"{nbytes / (H200_HBM_TB_PER_S * 1e12) * 1e3:.2f} ms | "
-                    f"{flops / (H200_BF16_DENSE_TFLOPS * 1e12) * 1e3:.3f} ms |")
-    return "\n".join(rows)
-
-
-GENERATORS = {"stage-ladder": stage_ladder, "presets": presets, "load-results": load_results,
-              "forward-results": forward_results, "latency-results": latency_results,
-              "batch-arithmetic": batch_arithmetic, "growth-results": growth_results,
-              "kvcache-split": kvcache_split, "batch-split": batch_split, "batch-results": batch_results,
-              "ragged-results": ragged_results}
+GENERATORS = {"stage-ladder": stage_ladder, "cross-stage": cross_stage, "presets": presets,
+              "latency-results": latency_results, "growth-results": growth_results, "batch-results": batch_results,
+              "ragged-results": ragged_results}   # data-driven: they read results, and name no stage
 BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- end:\2 -->)", re.S)
 
 
-def render(text: str) -> str:
-    return BLOCK.sub(lambda m: m.group(1) + GENERATORS[m.group(2)]() + "\n" + m.group(4), text)
+def generators(readme: Path) -> dict:
+    """The common generators, and for a stage's chapter those its own `chapter.py` declares (GENERATORS)."""
+    found = dict(GENERATORS)
+    if readme.parent != ROOT and (readme.parent / "chapter.py").exists():
+        found |= importlib.import_module(f"{readme.parent.name}.chapter").GENERATORS
+    return found
+
+
+def render(text: str, readme: Path = ROOT / "README.md") -> str:
+    gens = generators(readme)
+
+    def block(m):
+        if m.group(2) not in gens:
+            raise KeyError(f"{readme.relative_to(ROOT)}: no generator {m.group(2)!r} (common/readme.py or the "
+                           "stage's chapter.py)")
+        return m.group(1) + gens[m.group(2)]() + "\n" + m.group(4)
+
+    return BLOCK.sub(block, text)
 
 
 def readmes() -> list[Path]:
@@ -230,7 +167,7 @@ def main(argv=None) -> int:
     stale = []
     for path in readmes():
         old = path.read_text()
-        new = render(old)
+        new = render(old, path)
         if new != old:
             stale.append(path)
             if not check:

@@ -1,0 +1,173 @@
+"""The course's front page: every engine on every workload it ran, from the committed harness results.
+
+    python -m common.report          # rewrite the README's cross-stage table and benchmarks/report.png
+    python -m common.report --check  # exit 1 if either is stale (tests/test_report.py runs this)
+
+For each workload the newest GPU result of each engine is taken (by its date and start time; on one day a result
+of the current harness, which keeps every run and its time, beats an older one). The chart carries a digest of the figures it was
+drawn from in its PNG metadata, so --check needs no matplotlib and does not depend on its version's pixels.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+CHART = ROOT / "benchmarks" / "report.png"
+OLD_NAMES = {"common.hf_engine": "hf", "common.reference": "numpy"}   # results of the first harness
+LONG_LENGTHS = (2048, 8192, 32768)
+# (column title, workload, figure key, format)
+COLUMNS = [("latency: ms per decode step (B = 1)", "latency", "ms_per_decode_step", "{:.2f}"),
+           ("latency: time to first token, ms", "latency", "ttft_ms", "{:.1f}"),
+           ("batch: output tok/s at B = 64", "batch", "output_tok_per_s_at_B64", "{:,.0f}"),
+           ("ragged: output tok/s", "ragged", "output_tok_per_s", "{:,.0f}"),
+           *[(f"long: prefill tok/s at {n}", "long", f"prefill_tok_per_s_at_{n}", "{:,.0f}") for n in LONG_LENGTHS],
+           ("load: GB/s onto the GPU", "load", "load_gb_per_s", "{:.2f}")]
+
+
+def newest() -> dict[str, dict[str, tuple[dict, str]]]:
+    """workload -> engine -> (its summary, the result file's name), newest first wins."""
+    files = []
+    for path in RESULTS.glob("*.json"):
+        r = json.loads(path.read_text())
+        if isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu"):
+            files.append(((r["date"], "repeats" in r, r.get("time", ""), path.name), r, path.name))
+    out: dict[str, dict[str, tuple[dict, str]]] = {}
+    for _, r, name in sorted(files, key=lambda f: f[0]):
+        for engine, s in r["stages"].items():
+            if "skipped" not in s:
+                out.setdefault(r["workload"]["name"], {})[OLD_NAMES.get(engine, engine)] = (s, name)
+    return out
+
+
+def engines(results) -> list[str]:
+    """Stages in ladder order, then the baselines."""
+    names = {e for w in results.values() for e in w}
+    return sorted(n for n in names if n.startswith("stage")) + sorted(n for n in names if not n.startswith("stage"))
+
+
+def floor_ms(results) -> tuple[float, str] | None:
+    """The batch-1 decode floor of the newest latency result: weight bytes / that run's copy bandwidth."""
+    latency = results.get("latency", {})
+    for s, name in latency.values():
+        if "weight_bytes" in s:
+            env = json.loads((RESULTS / name).read_text())["environment"]
+            return s["weight_bytes"] / env["copy_bandwidth_gb_per_s"] / 1e6, name
+    return None
+
+
+def table() -> str:
+    results = newest()
+    cols = [c for c in COLUMNS if any(c[2] in s for s, _ in results.get(c[1], {}).values())]
+    lines = ["| engine | " + " | ".join(c[0] for c in cols) + " |", "|" + " --- |" * (len(cols) + 1)]
+    for e in engines(results):
+        cells = []
+        for _, workload, key, f in cols:
+            s = results.get(workload, {}).get(e, (None, None))[0]
+            spread = (s or {}).get("spread", {}).get(key)
+            if not s or key not in s:
+                why = (s or {}).get(f"unsupported_at_{key.rsplit('_', 1)[-1]}") or (s or {}).get("unsupported")
+                cells.append("unsupported" if why else "")
+            else:
+                cells.append(f.format(s[key]) + (f" ({f.format(spread[0])}-{f.format(spread[1])})"
+                                                 if spread and s.get("repeats", 1) > 1 else ""))
+        lines.append(f"| `{e}` | " + " | ".join(cells) + " |")
+    floor = floor_ms(results)
+    if floor:
+        lines.append("| bandwidth floor (weights / copy bandwidth) | " + f"{floor[0]:.2f} | "
+                     + " | ".join("" for _ in cols[1:]) + " |")
+    sources = sorted({name for c in cols for _, name in results.get(c[1], {}).values()})
+    lines += ["", "Medians (min-max) over the runs of each result; an empty cell: not measured. From "
+              + ", ".join(f"`{n}`" for n in sources) + " in `benchmarks/results/`."]
+    return "\n".join(lines)
+
+
+def chart_data() -> dict:
+    """What the chart draws: per engine, ragged tok/s, latency ms per step, long prefill tok/s per length."""
+    results = newest()
+    data = {"ragged": {}, "latency": {}, "long": {}}
+    for e in engines(results):
+        if (s := results.get("ragged", {}).get(e, (None,))[0]) and "output_tok_per_s" in s:
+            data["ragged"][e] = s["output_tok_per_s"]
+        if (s := results.get("latency", {}).get(e, (None,))[0]) and "ms_per_decode_step" in s:
+            data["latency"][e] = s["ms_per_decode_step"]
+        if (s := results.get("long", {}).get(e, (None,))[0]):
+            pts = [[n, s[f"prefill_tok_per_s_at_{n}"]] for n in LONG_LENGTHS if f"prefill_tok_per_s_at_{n}" in s]
+            if pts:
+                data["long"][e] = pts
+    floor = floor_ms(results)
+    data["floor_ms"] = floor[0] if floor else None
+    return data
+
+
+def digest(data: dict) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def draw(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, title, unit in ((a, "ragged", "ragged: output tok/s", "tok/s"),
+                                 (b, "latency", "latency: ms per decode step, B = 1", "ms")):
+        names = list(data[key])
+        ax.barh(names, [data[key][n] for n in names], color=["#4c72b0" if n.startswith("stage") else "#999999"
+                                                              for n in names])
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(unit)
+        ax.invert_yaxis()
+        if names and max(data[key].values()) / max(min(data[key].values()), 1e-9) > 30:
+            ax.set_xscale("log")
+    if data["floor_ms"]:
+        b.axvline(data["floor_ms"], color="#c44e52", linestyle="--", label=f"floor {data['floor_ms']:.2f} ms")
+        b.legend(fontsize=8)
+    for name, pts in data["long"].items():
+        c.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
+               linestyle="-" if name.startswith("stage") else "--")
+    c.set_xscale("log", base=2)
+    c.set_yscale("log")
+    c.set_title("long: prefill tok/s by prompt length", fontsize=10)
+    c.set_xlabel("prompt tokens")
+    if data["long"]:
+        c.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90, metadata={"Software": None, "Description": f"tiny-vllm report {digest(data)}"})
+    plt.close(fig)
+
+
+def chart_is_current(data: dict, path: Path = CHART) -> bool:
+    if not path.exists():
+        return False
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.text.get("Description", "") == f"tiny-vllm report {digest(data)}"
+
+
+def main(argv=None) -> int:
+    from common import readme
+
+    check = "--check" in (argv if argv is not None else sys.argv[1:])
+    data = chart_data()
+    path = ROOT / "README.md"
+    old = path.read_text()
+    new = readme.render(old)
+    stale = ([] if new == old else ["README.md"]) + ([] if chart_is_current(data) else [str(CHART.relative_to(ROOT))])
+    if check:
+        if stale:
+            print("out of date (run python -m common.report): " + ", ".join(stale))
+        return 1 if stale else 0
+    path.write_text(new)
+    if not chart_is_current(data):
+        draw(data, CHART)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
