@@ -414,7 +414,8 @@ def format_table(summary: dict[str, dict], workload: Workload) -> str:
     heads = [k for k in workload.headline if k in keys]
     if not keys:
         return "| engine | result |\n| --- | --- |\n" + "\n".join(
-            f"| {name} | {s.get('skipped') or 'unsupported: ' + s.get('unsupported', '?')} |" for name, s in summary.items())
+            f"| {name} | {s.get('skipped') or 'unsupported: ' + s.get('unsupported', '?')} |"
+            for name, s in summary.items())
     lines = ["| engine | " + " | ".join(short[k] for k in keys) + " | "
              + " | ".join(f"speed-up: {short[k]}" for k in heads) + " |",
              "|" + " --- |" * (1 + len(keys) + len(heads))]

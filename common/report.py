@@ -4,8 +4,8 @@
     python -m common.report --check  # exit 1 if either is stale (tests/test_report.py runs this)
 
 For each workload the newest GPU result of each engine is taken (by its date and start time; on one day a result
-of the current harness, which keeps every run and its time, beats an older one). The chart carries a digest of the figures it was
-drawn from in its PNG metadata, so --check needs no matplotlib and does not depend on its version's pixels.
+of the current harness, which keeps every run and its time, beats an older one). The chart carries a digest of
+the figures it was drawn from in its PNG metadata, so --check needs no matplotlib and no pixel-exact redraw.
 """
 from __future__ import annotations
 

@@ -1,9 +1,13 @@
+from pathlib import Path
+
 import pytest
 
 from common.prompts import PromptError, PromptPreparer
 from common.sampling import SamplingParams
 from common.synthetic import PRESETS, build_tokenizer, llama3_special_tokens
 from common.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TEXTS = ["Hello, world!", "naïve café — 東京 🙂", "  spaces\n\nand newlines\t", "1234567"]
 
@@ -86,3 +90,18 @@ def test_prompt_rules(tiny_dir):
     assert prep.finish_reason([5, 6, 7], 10, p, stop) == "length"
     assert prep.finish_reason([5], 16, p, stop) == "length"
     assert prep.finish_reason([5], 10, p, stop) is None
+
+
+CHAPTER_EXAMPLES = {"Hello, world!": [128000, 9906, 11, 1917, 0], " Hello": [128000, 22691],
+                    "🙂": [128000, 9468, 19044]}   # stage02_forward/README.md, section 2
+
+
+def test_the_chapter_examples_are_the_real_tokenizers(llama3_tokenizer):
+    t = Tokenizer(llama3_tokenizer)
+    chapter = (ROOT / "stage02_forward" / "README.md").read_text()
+    for text, ids in CHAPTER_EXAMPLES.items():
+        assert t.encode(text) == ids
+        assert ", ".join(map(str, ids)) in chapter
+    assert len(t.encode(t.chat_prompt("Hi"))) == 37 and len(t.encode_chat("Hi")) == 36   # the BOS pitfall
+    stream = t.stream()
+    assert [stream.step(i) for i in t.encode("🙂", add_special_tokens=False)] == ["", "🙂"]

@@ -158,7 +158,8 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
     decided = top1_margin(ref) >= NEAR_TIE
     same = ours.argmax(-1) == hf.argmax(-1)
     print(f"1B, {len(ids)} positions: rel L2 vs reference: ours {e_ours:.2e} (worst row "
-          f"{rel_l2_rows(ours, ref).max():.2e}); HF {e_hf:.2e}; ours vs HF {e_pair:.2e}; top-1 agreement with HF {same.mean():.3f} at all positions, "
+          f"{rel_l2_rows(ours, ref).max():.2e}); HF {e_hf:.2e}; ours vs HF {e_pair:.2e}; top-1 agreement with HF "
+          f"{same.mean():.3f} at all positions, "
           f"{same[decided].mean():.3f} at the {decided.sum()} decided ones; with the reference "
           f"{np.mean(ours.argmax(-1) == ref.argmax(-1)):.3f}")
     assert e_ours < 2e-2
