@@ -63,10 +63,6 @@ class Model:
                 "o": w[p + "self_attn.o_proj.weight"], "post_norm": w[p + "post_attention_layernorm.weight"],
                 "gate_up": w.fused(i, "gate_up"), "down": w[p + "mlp.down_proj.weight"]}
 
-    def activation_bytes(self) -> int:
-        return sum(a.nbytes for a in (self.ids, self.x, self.h, self.qkv, self.attn, self.d, self.gate_up,
-                                      self.act, self.scores, self.logits, self.cos, self.sin)) + self.cache.nbytes
-
     @staticmethod
     def rows(buf: DeviceArray, first: int, n: int) -> DeviceArray:
         """Rows [first, first + n) of a (L, C) buffer, as an (n, C) array."""
