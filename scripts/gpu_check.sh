@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
 # $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04 (pytest-benchmark files), latency, batch,
-# long, ragged (the harness against the baselines), or all (default; longer than one 10-minute device call).
+# long, long-hf-32k, ragged (the harness against the baselines), or all (default; longer than one 10-minute device call).
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
 logs=${1:-gpu-logs}
@@ -49,6 +49,9 @@ fi
 want latency && run harness-latency python3 -m common.bench --stages hf,hf-compile,03,04 --workload latency --out "$logs"
 want batch && run harness-batch python3 -m common.bench --stages 03,04 --workload batch --out "$logs"
 want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04 --workload long --lengths ${LONG_LENGTHS:-2048,8192,32768} --out "$logs"
+# the naive attention of stages 02-05 needs ~1 min per 32K prefill: long-hf-32k measures the baseline alone there
+want long-hf-32k && run harness-long-hf-32k python3 -m common.bench --stages hf-sdpa --workload long --lengths 32768 \
+    --out "$logs"
 want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,hf-sdpa} --workload ragged --out "$logs"
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
