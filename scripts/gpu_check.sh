@@ -4,6 +4,7 @@
 # long, long-hf-32k, ragged (the harness against the baselines), or all (default; longer than one 10-minute device call).
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
+command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (nvidia-smi not found); it runs the GPU tests and benchmarks"; exit 2; }
 logs=${1:-gpu-logs}
 part=${2:-all}
 want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
