@@ -115,13 +115,21 @@ def batch_results() -> str:
 
 
 def ragged_results() -> str:
-    """`ragged` (256 requests, prompts and outputs of 100..1024 tokens): throughput and the waste counters."""
-    rows = ["| date | GPU | engine | output tok/s | batches | slot waste | padding share | ms per decode step |"
-            " median time to first token |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """`ragged` (256 requests, prompts and outputs of 100..1024 tokens): throughput, the waste counters (engines
+    that keep them), and the spread of the throughput over the runs."""
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    rows = ["| date | GPU | engine | output tok/s (min-max) | runs | batches | slot waste | padding share | "
+            "ms per decode step | median time to first token |", "|" + " --- |" * 10]
     for r in _harness("ragged"):
         for name, s in r["stages"].items():
-            rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{name}` | {s['output_tok_per_s']:,.0f} | "
-                        f"{s.get('batches', '-')} | {100 * s['slot_waste']:.1f}% | {100 * s['padding_share']:.1f}% | "
+            if "output_tok_per_s" not in s:
+                continue
+            lo, hi = s.get("spread", {}).get("output_tok_per_s", [s["output_tok_per_s"]] * 2)
+            rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{name}` | {s['output_tok_per_s']:,.0f} "
+                        f"({lo:,.0f}-{hi:,.0f}) | {s.get('repeats', 1)} | {s.get('batches', '-')} | "
+                        f"{pct(s.get('slot_waste'))} | {pct(s.get('padding_share'))} | "
                         f"{s['ms_per_decode_step']:.2f} | {s['ttft_ms'] / 1e3:.1f} s |")
     return "\n".join(rows)
 
