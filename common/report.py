@@ -79,9 +79,14 @@ def table() -> str:
     if floor:
         lines.append("| bandwidth floor (weights / copy bandwidth) | " + f"{floor[0]:.2f} | "
                      + " | ".join("" for _ in cols[1:]) + " |")
-    sources = sorted({name for c in cols for _, name in results.get(c[1], {}).values()})
-    lines += ["", "Medians (min-max) over the runs of each result; an empty cell: not measured. From "
-              + ", ".join(f"`{n}`" for n in sources) + " in `benchmarks/results/`."]
+    lines += ["", "Medians (min-max) over the runs of each result; an empty cell: not measured. Engines compared in"
+              " one run share a result file (figures of different runs, processes and days differ by more than"
+              " their spread; compare within a run). From `benchmarks/results/`:"]
+    for workload in dict.fromkeys(c[1] for c in cols):
+        by_file: dict[str, list[str]] = {}
+        for e, (_, name) in results[workload].items():
+            by_file.setdefault(name, []).append(f"`{e}`")
+        lines.append(f"- {workload}: " + "; ".join(f"{', '.join(es)} from `{name}`" for name, es in by_file.items()))
     return "\n".join(lines)
 
 
