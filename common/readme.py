@@ -66,8 +66,9 @@ def latency_results() -> str:
 
 
 def _harness(workload: str) -> list[dict]:
-    """Every committed harness result of one workload, oldest first."""
-    return [json.loads(p.read_text()) for p in sorted(RESULTS.glob(f"*_{workload}-*.json"))]
+    """Every committed harness result of one workload, oldest first (by date, then start time where recorded)."""
+    results = [json.loads(p.read_text()) for p in RESULTS.glob(f"*_{workload}-*.json")]
+    return sorted(results, key=lambda r: (r["date"], r.get("time", "")))
 
 
 def growth_results() -> str:

@@ -86,7 +86,11 @@ def table() -> str:
         by_file: dict[str, list[str]] = {}
         for e, (_, name) in results[workload].items():
             by_file.setdefault(name, []).append(f"`{e}`")
-        lines.append(f"- {workload}: " + "; ".join(f"{', '.join(es)} from `{name}`" for name, es in by_file.items()))
+        cut = {name for name in by_file if json.loads((RESULTS / name).read_text()).get("complete") is False}
+        lines.append(f"- {workload}: " + "; ".join(
+            f"{', '.join(es)} from `{name}`" + (" (a run cut off by its time limit: the engines it lists beyond these"
+                                               " were not measured)" if name in cut else "")
+            for name, es in by_file.items()))
     return "\n".join(lines)
 
 
