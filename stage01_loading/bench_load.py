@@ -2,7 +2,8 @@
 
     pytest <this stage>/bench_load.py --benchmark-only -m gpu      # the 1B preset: 2.47 GB
 The first call writes the preset (once) and warms the page cache, so both measure memory, not the disk.
-`serial` is one pinned slot filled by one thread (copy, then DMA, then copy...); `4-threads` is the loader's default.
+`serial` is one pinned staging buffer filled by one thread (copy, then DMA, then copy...); `4-threads` is the
+loader's default.
 """
 import numpy as np
 import pytest
@@ -27,15 +28,15 @@ def test_plain_read(benchmark, checkpoint):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("slots", [1, 4], ids=["serial", "4-threads"])
-def test_load_to_gpu(benchmark, checkpoint, slots):
+@pytest.mark.parametrize("buffers", [1, 4], ids=["serial", "4-threads"])
+def test_load_to_gpu(benchmark, checkpoint, buffers):
     from common.device import get_gpu
     from .weights import load_weights
 
     gpu = get_gpu()
 
     def load():
-        w = load_weights(checkpoint, gpu, progress=False, slots=slots)
+        w = load_weights(checkpoint, gpu, progress=False, buffers=buffers)
         return w.stats.gb_per_s   # w (and its arena) is freed when it goes out of scope
 
     gbps = benchmark.pedantic(load, rounds=5, warmup_rounds=1)

@@ -49,7 +49,7 @@ def hf():
 
 
 def prefill_stage02(engine, n):
-    engine._upload(prompt(n))
+    engine._write_ids(prompt(n))
     engine.model.forward(n)
     engine.gpu.sync()
 
@@ -130,7 +130,7 @@ def test_decode_step_split(benchmark, stage02, n):
     """Where one decode step's time goes: GPU work alone (the spin-kernel method of common.bench), the host's
     time to queue its ~150 launches, and the wall time of a real step (queue, run, read back the token)."""
     engine = stage02(ONE_B)
-    engine._upload(prompt(n))
+    engine._write_ids(prompt(n))
     vocab = engine.config.vocab_size
     slot = engine.model.ids.view(4 * n, (1,))
 

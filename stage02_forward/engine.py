@@ -54,7 +54,7 @@ class Engine:
     def logits(self, token_ids) -> np.ndarray:
         """Logits (T, V) float32 at every position of one sequence (for tests and comparisons)."""
         ids = self.prompts.encode(list(token_ids))
-        self._upload(ids)
+        self._write_ids(ids)
         out = self.gpu.empty((len(ids), self.config.vocab_size), "f32")
         self.model.forward(len(ids), out)
         return self.gpu.to_host(out)
@@ -73,7 +73,7 @@ class Engine:
         self.timings.append(timing)
         stop = self.prompts.stop_ids(params)
         seed = params.seed if params.seed is not None else secrets.randbits(64)
-        self._upload(ids)
+        self._write_ids(ids)
         n, new, reason = len(ids), [], None
         while reason is None:
             logits = self.model.forward(n)                                  # (1, V): position n-1
@@ -87,7 +87,8 @@ class Engine:
             reason = self.prompts.finish_reason(new, n, params, stop)
             yield tok, reason
 
-    def _upload(self, ids: list[int]) -> None:
+    def _write_ids(self, ids: list[int]) -> None:
+        """Copy the sequence's token ids into model.ids (queued through the pinned staging buffer)."""
         host = np.asarray(ids, dtype=np.int32)
         stage = self.gpu.staging(host.nbytes)
         self.gpu.sync()                                     # the staging buffer may still feed an earlier copy

@@ -58,7 +58,7 @@ class Model:
                 "gate_up": w.fused(i, "gate_up"), "down": w[p + "mlp.down_proj.weight"]}
 
     @staticmethod
-    def rows(buf: DeviceArray, first: int, n: int) -> DeviceArray:
+    def row_view(buf: DeviceArray, first: int, n: int) -> DeviceArray:
         """Rows [first, first + n) of a (L, C) buffer, as an (n, C) array."""
         cols = buf.shape[1]
         return buf.view(first * cols * (buf.nbytes // buf.size), (n, cols))
@@ -70,10 +70,10 @@ class Model:
         if not 0 < T <= self.max_model_len:
             raise ValueError(f"forward over {T} tokens: must be in [1, max_model_len={self.max_model_len}]")
         nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
-        rows = self.rows
-        x, h, d = rows(self.x, 0, T), rows(self.h, 0, T), rows(self.d, 0, T)
-        qkv, attn = rows(self.qkv, 0, T), rows(self.attn, 0, T)
-        gate_up, act = rows(self.gate_up, 0, T), rows(self.act, 0, T)
+        view = self.row_view
+        x, h, d = view(self.x, 0, T), view(self.h, 0, T), view(self.d, 0, T)
+        qkv, attn = view(self.qkv, 0, T), view(self.attn, 0, T)
+        gate_up, act = view(self.gate_up, 0, T), view(self.act, 0, T)
         k.embedding(self.ids.view(0, (T,)), self.weights["model.embed_tokens.weight"], x)
         for i, w in enumerate(self.layers):
             if i == 0:
@@ -91,6 +91,6 @@ class Model:
         k.add_rms_norm(x, d, self.weights["model.norm.weight"], h, eps)
         if logits is None:
             logits = self.logits
-            h = rows(self.h, T - 1, 1)                              # only the last position is sampled
+            h = view(self.h, T - 1, 1)                              # only the last position is sampled
         self.cublas.linear(h, self.weights.lm_head, logits)
         return logits

@@ -54,7 +54,7 @@ def test_decode(benchmark, engine, workload):
 def test_decode_step_split(benchmark, engine, length):
     """One decode step over a cache of `length` positions: GPU work alone (the spin-kernel method of
     common.bench), the host's time to queue its ~170 launches, and the wall time of a real step."""
-    engine._upload(np.random.default_rng(length).integers(0, 128000, length + 1).tolist())
+    engine._write_ids(np.random.default_rng(length).integers(0, 128000, length + 1).tolist())
     engine.model.forward(0, length)                                   # the cache holds `length` positions
     vocab = engine.config.vocab_size
     slot = engine.model.ids.view(4 * (length + 1), (1,))

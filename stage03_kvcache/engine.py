@@ -55,7 +55,7 @@ class Engine:
     def logits(self, token_ids) -> np.ndarray:
         """Logits (T, V) float32 at every position of one sequence (for tests and comparisons)."""
         ids = self.prompts.encode(list(token_ids))
-        self._upload(ids)
+        self._write_ids(ids)
         out = self.gpu.empty((len(ids), self.config.vocab_size), "f32")
         self.model.forward(0, len(ids), out)
         return self.gpu.to_host(out)
@@ -64,11 +64,11 @@ class Engine:
         """Prefill token_ids[:n_prompt], then decode the rest one token at a time through the cache; the logits
         (len - n_prompt + 1, V) f32 that chose each following token (for tests against a full recompute)."""
         ids = self.prompts.encode(list(token_ids))
-        self._upload(ids)
-        rows = [self.gpu.to_host(self.model.forward(0, n_prompt))[0]]
+        self._write_ids(ids)
+        steps = [self.gpu.to_host(self.model.forward(0, n_prompt))[0]]
         for pos in range(n_prompt, len(ids)):
-            rows.append(self.gpu.to_host(self.model.forward(pos, 1))[0])
-        return np.stack(rows)
+            steps.append(self.gpu.to_host(self.model.forward(pos, 1))[0])
+        return np.stack(steps)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         """Run each prompt (text or token ids) to completion, one after another."""
@@ -84,7 +84,7 @@ class Engine:
         self.timings.append(timing)
         stop = self.prompts.stop_ids(params)
         seed = params.seed if params.seed is not None else secrets.randbits(64)
-        self._upload(ids)
+        self._write_ids(ids)
         n, new, reason = len(ids), [], None
         while reason is None:
             # prefill runs positions 0..n-1; each decode step only position n-1, the token sampled last
@@ -99,7 +99,8 @@ class Engine:
             reason = self.prompts.finish_reason(new, n, params, stop)
             yield tok, reason
 
-    def _upload(self, ids: list[int]) -> None:
+    def _write_ids(self, ids: list[int]) -> None:
+        """Copy the sequence's token ids into model.ids (queued through the pinned staging buffer)."""
         host = np.asarray(ids, dtype=np.int32)
         stage = self.gpu.staging(host.nbytes)
         self.gpu.sync()                                     # the staging buffer may still feed an earlier copy

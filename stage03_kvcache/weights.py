@@ -1,9 +1,9 @@
 """Weights from a validated checkpoint onto the GPU: one device arena, one pinned staging pass.
 
-Path of every byte:  file --(page cache / disk, mmap)--> pinned staging slot --(DMA over PCIe)--> GPU arena
+Path of every byte:  file --(page cache / disk, mmap)--> pinned staging buffer --(DMA over PCIe)--> GPU arena
   * pinned (page-locked) host memory is what the copy engine can read directly; from ordinary pageable memory
     the driver would first copy into a pinned bounce buffer of its own, and the copy could not overlap our work;
-  * SLOTS staging slots rotate: worker threads fill them from the mapped file while the DMA engine drains the
+  * BUFFERS staging buffers rotate: worker threads fill them from the mapped file while the DMA engine drains the
     ones already full; one thread alone copies only ~5 GB/s out of the page cache (measured, see the chapter);
   * one arena (a single cudaMalloc) holds every tensor at a 256-byte aligned offset: one allocation, no
     fragmentation, and the whole model is one address range;
@@ -27,8 +27,8 @@ from common.checkpoint import Checkpoint
 from common.device import DeviceArray, Gpu
 
 ALIGN = 256
-SLOT_BYTES = 32 << 20   # a pinned slot: large enough for full-speed DMA
-SLOTS = 4               # slots, and threads filling them: one thread copies ~5 GB/s out of the page cache
+BUFFER_BYTES = 32 << 20  # a pinned staging buffer: large enough for full-speed DMA
+BUFFERS = 4             # staging buffers, and threads filling them: one thread copies ~5 GB/s out of the page cache
 FUSED = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),   # rows of the fused matrix,
          "gate_up": ("mlp.gate_proj", "mlp.up_proj")}                           # in this order
 
@@ -63,38 +63,38 @@ class GpuWeights:
         return self.tensors["model.embed_tokens.weight" if self.tied else "lm_head.weight"]
 
 
-def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True, slots: int = SLOTS) -> GpuWeights:
-    """Every tensor of ckpt into one device arena; `slots` pinned slots, each filled by its own thread."""
+def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True, buffers: int = BUFFERS) -> GpuWeights:
+    """Every tensor of ckpt into one device arena; `buffers` pinned staging buffers, each filled by its own thread."""
     free_before, _ = gpu.memory()
     start = time.perf_counter()
     entries = ckpt.file_order()
     offsets, total = arena_layout(ckpt)
     arena = gpu.empty((total,), "u8")
-    # The work, in file order: pieces of at most one slot, each (tensor, byte offset in it, length).
-    pieces = [(e, lo, min(SLOT_BYTES, e.nbytes - lo)) for e in entries for lo in range(0, e.nbytes, SLOT_BYTES)]
-    stage = gpu.staging(slots * SLOT_BYTES)        # one pinned block, used as slots slots
-    slot_free = [None] * slots                     # event: the DMA out of that slot has finished
+    # The work, in file order: pieces of at most one staging buffer, each (tensor, byte offset in it, length).
+    pieces = [(e, lo, min(BUFFER_BYTES, e.nbytes - lo)) for e in entries for lo in range(0, e.nbytes, BUFFER_BYTES)]
+    stage = gpu.staging(buffers * BUFFER_BYTES)    # one pinned block, cut into `buffers` buffers
+    buffer_free = [None] * buffers                 # event: the DMA out of that buffer has finished
 
-    def fill(i: int) -> None:                      # runs on a worker thread: file bytes -> pinned slot
+    def fill(i: int) -> None:                      # runs on a worker thread: file bytes -> pinned buffer
         e, lo, n = pieces[i]
-        base = (i % slots) * SLOT_BYTES
+        base = (i % buffers) * BUFFER_BYTES
         stage.array[base:base + n] = ckpt.raw(e.name).reshape(-1).view(np.uint8)[lo:lo + n]
 
     def submit(i: int):
-        if slot_free[i % slots] is not None:
-            slot_free[i % slots].sync()            # never overwrite bytes the DMA engine is still reading
+        if buffer_free[i % buffers] is not None:
+            buffer_free[i % buffers].sync()        # never overwrite bytes the DMA engine is still reading
         return pool.submit(fill, i)
 
     copied, bar = 0, _Progress(ckpt.total_bytes, progress)
-    with ThreadPoolExecutor(slots) as pool:        # numpy copies release the GIL: slots copies at once
-        filling = {i: submit(i) for i in range(min(slots, len(pieces)))}
-        for i, (e, lo, n) in enumerate(pieces):    # DMAs are issued in order, as their slot fills
+    with ThreadPoolExecutor(buffers) as pool:      # numpy copies release the GIL: `buffers` copies at once
+        filling = {i: submit(i) for i in range(min(buffers, len(pieces)))}
+        for i, (e, lo, n) in enumerate(pieces):    # DMAs are issued in order, as their buffer fills
             filling.pop(i).result()
-            slot = i % slots
-            gpu.copy_to_device_async(arena.ptr + offsets[e.name] + lo, stage.ptr + slot * SLOT_BYTES, n)
-            slot_free[slot] = gpu.stream.record()
-            if i + slots < len(pieces):
-                filling[i + slots] = submit(i + slots)
+            b = i % buffers
+            gpu.copy_to_device_async(arena.ptr + offsets[e.name] + lo, stage.ptr + b * BUFFER_BYTES, n)
+            buffer_free[b] = gpu.stream.record()
+            if i + buffers < len(pieces):
+                filling[i + buffers] = submit(i + buffers)
             copied += n
             bar.update(copied)
     gpu.sync()

@@ -1,9 +1,10 @@
 """Static batching on the host: which requests run together, what every row of a forward computes, and the waste.
 
 A static batch is fixed when it starts: its B sequences are prefilled together, then decoded together, one
-token per sequence per step, until the last of them finishes. A sequence that finishes early keeps its row and
-its cache slot until then: an idle row, still computed (the GEMMs have M = B either way), its output thrown
-away. `BatchStats` counts that waste; stage05 (continuous batching) gives the row to a waiting request instead.
+token per sequence per step, until the last of them finishes. A sequence that finishes early keeps its seq_slot
+(its index in the batch: its row of each decode step and its region of the cache) until then: an idle row, still
+computed (the GEMMs have M = B either way), its output thrown away. `BatchStats` counts that waste; stage05
+(continuous batching) gives the seq_slot to a waiting request instead.
 
 Everything here is plain numpy and Python, so it is tested on the CPU; the engine uploads the arrays it builds.
 """
@@ -51,24 +52,24 @@ class Sequence:
 class StepInputs:
     """What one forward computes, row by row (host arrays; the engine uploads them in one copy).
 
-    tokens     (R,) the input token of each row
-    positions  (R,) its position: RoPE's angle, and the last key it attends to (keys 0..position)
-    slots      (R,) the cache row its K/V is written to, b * max_model_len + position; -1 = write nothing
-    logit_rows (n,) the rows whose logits are wanted, in sequence order: logits row first_seq + i is row i's
-    counters   (B,) tokens generated so far by each sequence of the batch (the sampler's draw index)
+    tokens       (R,) the input token of each row
+    positions    (R,) its position: RoPE's angle, and the last key it attends to (keys 0..position)
+    slot_mapping (R,) the cache slot its K/V is written to, seq_slot * max_model_len + position; -1 = nothing
+    logit_rows   (n,) the rows whose logits are wanted, in sequence order: logits row first_seq + i is row i's
+    counters     (B,) tokens generated so far by each sequence of the batch (the sampler's draw index)
     rows_per_seq, first_seq: row r belongs to sequence first_seq + r // rows_per_seq
     """
 
     tokens: np.ndarray
     positions: np.ndarray
-    slots: np.ndarray
+    slot_mapping: np.ndarray
     logit_rows: np.ndarray
     counters: np.ndarray
     rows_per_seq: int
     first_seq: int
 
     @property
-    def rows(self) -> int:
+    def num_rows(self) -> int:
         return len(self.tokens)
 
     @property
@@ -79,7 +80,8 @@ class StepInputs:
 
 @dataclass
 class BatchStats:
-    """Counts over the batches of one generate(). A slot-step is one sequence's row in one step."""
+    """Counts over the batches of one generate(). A slot-step is one seq_slot held for one step: a row of the
+    batch's forward, whether its sequence still runs or not."""
 
     batches: int = 0
     steps: int = 0                 # forwards that produced tokens: one per batch for prefill, then decode steps
@@ -100,7 +102,8 @@ class BatchStats:
 
 
 class StaticBatch:
-    """B sequences run together from prefill to the end of the longest. Sequence i uses cache slot i."""
+    """B sequences run together from prefill to the end of the longest. Sequence i has seq_slot i: row i of
+    each decode step, and cache slots i * max_model_len + position."""
 
     def __init__(self, seqs: list[Sequence], max_model_len: int, stats: BatchStats,
                  finish_reason: Callable[[Sequence], str | None], pad_token_id: int = 0):
@@ -127,8 +130,8 @@ class StaticBatch:
 
         Right padding keeps a sequence's token t at row t and position t, exactly as when it runs alone, and
         leaves its last real row at a known index (len - 1), whose logits choose the first new token. A padding
-        row gets the pad token at the sequence's last real position and writes no key (slot -1): it attends
-        only to real keys, and no real row can read it (kernels/attention.cu)."""
+        row gets the pad token at the sequence's last real position and writes no key (slot_mapping -1): it
+        attends only to real keys, and no real row can read it (kernels/attention.cu)."""
         longest = max(len(s.prompt) for s in self.seqs)
         if longest > max_rows or longest * longest > score_capacity:
             raise ValueError(f"a {longest}-token prompt needs {longest} rows and {longest}^2 attention scores; "
@@ -140,17 +143,17 @@ class StaticBatch:
             T = max(len(s.prompt) for s in group)
             R = len(group) * T
             tokens = np.full(R, self.pad_token_id, np.int32)
-            positions, slots = np.empty(R, np.int32), np.full(R, -1, np.int32)
+            positions, slot_mapping = np.empty(R, np.int32), np.full(R, -1, np.int32)
             logit_rows = np.empty(len(group), np.int32)
             for i, s in enumerate(group):
                 n, row0, b = len(s.prompt), i * T, first + i
                 tokens[row0:row0 + n] = s.prompt
                 positions[row0:row0 + T] = np.minimum(np.arange(T), n - 1)
-                slots[row0:row0 + n] = b * self.max_model_len + np.arange(n)
+                slot_mapping[row0:row0 + n] = b * self.max_model_len + np.arange(n)
                 logit_rows[i] = row0 + n - 1
             self.stats.prompt_tokens += sum(len(s.prompt) for s in group)
             self.stats.prefill_rows += R
-            groups.append(StepInputs(tokens, positions, slots, logit_rows, self.counters(), T, first))
+            groups.append(StepInputs(tokens, positions, slot_mapping, logit_rows, self.counters(), T, first))
         return groups
 
     def decode_inputs(self) -> StepInputs:
@@ -161,11 +164,11 @@ class StaticBatch:
         B, L = len(self.seqs), self.max_model_len
         tokens = np.array([s.new[-1] for s in self.seqs], np.int32)
         positions = np.array([s.length - (1 if s.running else 2) for s in self.seqs], np.int32)
-        slots = np.array([b * L + p if s.running else -1 for b, (s, p) in enumerate(zip(self.seqs, positions))],
-                         np.int32)
+        slot_mapping = np.array([b * L + p if s.running else -1
+                                 for b, (s, p) in enumerate(zip(self.seqs, positions))], np.int32)
         if positions.max() >= L:
             raise IndexError(f"decode position {positions.max()} past max_model_len={L}")
-        return StepInputs(tokens, positions, slots, np.arange(B, dtype=np.int32), self.counters(), 1, 0)
+        return StepInputs(tokens, positions, slot_mapping, np.arange(B, dtype=np.int32), self.counters(), 1, 0)
 
     def record(self, tokens) -> None:
         """One step's chosen token per row (B,): kept by the running sequences, which may then finish."""

@@ -66,10 +66,10 @@ def test_decode_step_split(benchmark, engine, B):
         engine.model.forward(step)
     batch.record(engine.model.sample(B))
     step = batch.decode_inputs()                                   # the same step again and again: no append
-    inputs = engine.model.upload(step)
+    inputs = engine.model.upload_step(step)
 
     def enqueue():                                                 # queues only: the split needs no waiting
-        engine.model.run(step, inputs)
+        engine.model.run_uploaded(step, inputs)
         engine.model.queue_sample(B)
 
     benchmark.pedantic(lambda: (enqueue(), engine.gpu.sync()), rounds=20, warmup_rounds=3)

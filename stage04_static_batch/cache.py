@@ -1,12 +1,12 @@
-"""The KV cache of a static batch: one slot per sequence, each the stage03 cache of one sequence.
+"""The KV cache of a static batch: one region per seq_slot, each the stage03 cache of one sequence.
 
 Layout: one allocation, viewed per layer as K and V of shape (max_batch_size, max_model_len, n_kv_heads,
-head_dim) bf16. Sequence b of a batch owns slot b for as long as the batch runs; its position p is cache row
-b * max_model_len + p (the slot mapping, kv_write.cu). Keys are stored after RoPE, as in stage03.
+head_dim) bf16. The sequence of seq_slot b owns region b for as long as the batch runs; its position p is cache
+slot b * max_model_len + p (the slot mapping, kv_write.cu). Keys are stored after RoPE, as in stage03.
 
 Size:  max_batch_size x layers x 2 (K, V) x max_model_len x n_kv_heads x head_dim x 2 bytes.
-For Llama 3.2 1B: 32 KiB per token, so 64 slots of 4096 positions are 8 GiB, reserved at start whether the
-sequences use them or not: every slot is sized for the longest sequence the engine accepts (stage07's paged
+For Llama 3.2 1B: 32 KiB per token, so 64 regions of 4096 positions are 8 GiB, reserved at start whether the
+sequences use them or not: every region is sized for the longest sequence the engine accepts (stage07's paged
 cache hands out memory as sequences grow instead).
 """
 from __future__ import annotations

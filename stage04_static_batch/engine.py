@@ -3,8 +3,9 @@ to the end of the longest of them.
 
     for each batch (requests in arrival order, max_batch_size at a time):
         prefill:  every prompt, right-padded, in as few forwards as fit; sample each sequence's first token
-        decode:   one row per sequence, each at its own position over its own cache slot; sample each row with
-                  its own parameters; a finished sequence's row idles until the whole batch is done
+        decode:   one row per sequence (its seq_slot), each at its own position over its own cache region;
+                  sample each row with its own parameters; a finished sequence's row idles until the whole batch
+                  is done
 A decode step reads the weights once for all B rows, so it costs about what stage03's step for one sequence
 cost, and yields B tokens. The host reads back B int32 ids per step, to stream them and check the stop rules.
 """
@@ -75,8 +76,8 @@ class Engine:
         """Logits (T, V) float32 at every position of one sequence (for tests and comparisons)."""
         seq = self._sequence(0, self.prompts.encode(list(token_ids)), SamplingParams(temperature=0.0))
         step = self._batch([seq]).prefill_groups(self.model.max_rows, self.model.score_capacity)[0]
-        step.logit_rows = np.arange(step.rows, dtype=np.int32)
-        out = self.gpu.empty((step.rows, self.config.vocab_size), "f32")
+        step.logit_rows = np.arange(step.num_rows, dtype=np.int32)
+        out = self.gpu.empty((step.num_rows, self.config.vocab_size), "f32")
         self.model.forward(step, out)
         return self.gpu.to_host(out)
 
@@ -90,13 +91,13 @@ class Engine:
         rows: list[list[np.ndarray]] = [[] for _ in seqs]
 
         def forced(n: int) -> list[int]:
-            logits = self.gpu.to_host(self.model.rows(self.model.logits, 0, n))
+            logits = self.gpu.to_host(self.model.row_view(self.model.logits, 0, n))
             for b, s in enumerate(seqs):
                 if s.running:
                     rows[b].append(logits[b])
             return [sequences[b][s.length] if s.length < len(sequences[b]) else 0 for b, s in enumerate(seqs)]
 
-        for _ in self._run(self._batch(seqs), forced):
+        for _ in self._run_batch(self._batch(seqs), forced):
             pass
         return [np.stack(r) for r in rows]
 
@@ -109,7 +110,7 @@ class Engine:
         seqs = [self._sequence(rid, ids, p) for rid, (ids, p) in enumerate(requests)]
         self.timings = [s.timing for s in seqs]
         for batch in plan_batches(len(seqs), self.max_batch_size):
-            for _ in self._run(self._batch([seqs[i] for i in batch])):
+            for _ in self._run_batch(self._batch([seqs[i] for i in batch])):
                 pass
         return [RequestOutput(s.request_id, s.prompt, s.new, self.tokenizer.decode(s.new), s.finish_reason)
                 for s in seqs]
@@ -119,7 +120,7 @@ class Engine:
         self.stats = BatchStats()
         seq = self._sequence(0, self.prompts.encode(prompt), params)
         self.timings = [seq.timing]
-        for _ in self._run(self._batch([seq])):
+        for _ in self._run_batch(self._batch([seq])):
             yield seq.new[-1], seq.finish_reason
 
     def _sequence(self, request_id: int, ids: list[int], params: SamplingParams) -> Sequence:
@@ -132,7 +133,7 @@ class Engine:
     def _batch(self, seqs: list[Sequence]) -> StaticBatch:
         return StaticBatch(seqs, self.max_model_len, self.stats, self._finish_reason, self.pad_token_id)
 
-    def _run(self, batch: StaticBatch, choose: Callable[[int], list[int]] | None = None):
+    def _run_batch(self, batch: StaticBatch, choose: Callable[[int], list[int]] | None = None):
         """Prefill the batch, then decode until every sequence has finished; yields after each step's tokens
         are recorded. `choose(B)` picks the step's tokens from self.model.logits (default: the sampler)."""
         choose = choose or self.model.sample

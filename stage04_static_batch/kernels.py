@@ -102,18 +102,18 @@ class Kernels:
         self.gpu.launch(self._silu_mul, self._config("silu", (-(-I2 // (4 * THREADS)), T), THREADS),
                         gate_up.arg, act.arg, np.int32(I2 // 2))
 
-    def kv_write(self, qkv: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, slots: DeviceArray,
+    def kv_write(self, qkv: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, slot_mapping: DeviceArray,
                  n_heads: int, n_kv_heads: int, head_dim: int) -> None:
-        """K[slots[t]], V[slots[t]] = the k and v heads of qkv row t, skipping slots[t] = -1.
-        qkv (T, stride) bf16 [q | k | v], slots (T,) i32, caches (B, max_len, nkv, hd) bf16."""
+        """K[slot_mapping[t]], V[slot_mapping[t]] = the k and v heads of qkv row t, skipping -1.
+        qkv (T, stride) bf16 [q | k | v], slot_mapping (T,) i32, caches (B, max_len, nkv, hd) bf16."""
         T, stride = qkv.shape
         _expect("kv_write", qkv.dtype == k_cache.dtype == v_cache.dtype == "bf16" and len(k_cache.shape) == 4
                 and k_cache.shape == v_cache.shape and k_cache.shape[2:] == (n_kv_heads, head_dim)
-                and slots.shape == (T,) and slots.dtype == "i32"
+                and slot_mapping.shape == (T,) and slot_mapping.dtype == "i32"
                 and stride >= (n_heads + 2 * n_kv_heads) * head_dim and head_dim % 2 == 0,
-                qkv, k_cache, v_cache, slots)
+                qkv, k_cache, v_cache, slot_mapping)
         self.gpu.launch(self._kv_write, self._config("kv_write", T, THREADS), qkv.arg, k_cache.arg, v_cache.arg,
-                        slots.arg, np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(stride))
+                        slot_mapping.arg, np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(stride))
 
     def attention(self, qkv: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, scores: DeviceArray,
                   out: DeviceArray, positions: DeviceArray, rows_per_seq: int, first_seq: int, max_keys: int,

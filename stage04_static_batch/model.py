@@ -9,7 +9,7 @@ so the weights are read once per forward for all the sequences in it: what batch
         h = rms_norm(x) * w_in                  [add_rms_norm fuses the previous layer's  x += d]
         q, k, v = h @ Wqkv^T                    (R, (nh + 2 nkv) hd)   one GEMM: q/k/v weights adjacent
         q, k = rope(q, k, positions)                                   each row at its own position
-        K[slots], V[slots] = k, v                                      into each row's sequence slot; -1 = skip
+        K[slot_mapping], V[slot_mapping] = k, v                        each row's cache slot; -1 = skip
         a = causal_gqa_attention(q, K[seq], V[seq], keys 0..position)  (R, nh hd)
         d = a @ Wo^T;            x += d;  h = rms_norm(x) * w_post       (one fused kernel)
         g, u = h @ Wgate_up^T   (R, 2 I)                                 one GEMM: gate/up adjacent
@@ -47,8 +47,8 @@ class Model:
         self.qkv_width = (nh + 2 * nkv) * hd
         self.cache = KVCache(c, B, L, gpu)                  # first: the one allocation that grows with B x L
         # ---- every activation, allocated once for R rows (shapes per row)
-        self.inputs = gpu.empty((4 * R + B,), "i32")        # one step's tokens | positions | slots | logit rows |
-        #                                                     counters, uploaded in one copy
+        self.inputs = gpu.empty((4 * R + B,), "i32")        # one step's tokens | positions | slot_mapping |
+        #                                                     logit rows | counters, uploaded in one copy
         self.x = gpu.empty((R, H), "bf16")                  # residual stream
         self.h = gpu.empty((R, H), "bf16")                  # normed input of the next GEMM
         self.qkv = gpu.empty((R, self.qkv_width), "bf16")
@@ -77,12 +77,12 @@ class Model:
                 "gate_up": w.fused(i, "gate_up"), "down": w[p + "mlp.down_proj.weight"]}
 
     @staticmethod
-    def rows(buf: DeviceArray, first: int, n: int) -> DeviceArray:
+    def row_view(buf: DeviceArray, first: int, n: int) -> DeviceArray:
         """Rows [first, first + n) of a (R, C) buffer, as an (n, C) array."""
         cols = buf.shape[1]
         return buf.view(first * cols * (buf.nbytes // buf.size), (n, cols))
 
-    def _upload(self, dst: DeviceArray, host: np.ndarray) -> None:
+    def _copy_in(self, dst: DeviceArray, host: np.ndarray) -> None:
         """Copy host bytes into the start of dst, through the pinned staging buffer (queued, not waited for)."""
         stage = self.gpu.staging(host.nbytes)
         self.gpu.sync()                                     # the staging buffer may still feed an earlier copy
@@ -97,38 +97,39 @@ class Model:
         host[8 * B:8 * B + 4 * n].view(np.float32)[:] = [s.params.temperature for s in seqs]
         host[12 * B:12 * B + 4 * n].view(np.int32)[:] = [s.params.top_k for s in seqs]
         host[16 * B:16 * B + 4 * n].view(np.float32)[:] = [s.params.top_p for s in seqs]
-        self._upload(self.sampling, host)
+        self._copy_in(self.sampling, host)
 
-    def upload(self, step: StepInputs) -> tuple[DeviceArray, DeviceArray, DeviceArray, DeviceArray]:
-        """Queue the copy of a step's inputs to the GPU (one copy); returns the device views that run() reads:
-        tokens, positions, slots, logit_rows. Waits for earlier GPU work first (the staging buffer is reused)."""
-        R, n, B = step.rows, len(step.logit_rows), len(step.counters)
+    def upload_step(self, step: StepInputs) -> tuple[DeviceArray, DeviceArray, DeviceArray, DeviceArray]:
+        """Queue the copy of a step's inputs to the GPU (one copy); returns the device views that run_uploaded()
+        reads: tokens, positions, slot_mapping, logit_rows. Waits for earlier GPU work first (the staging buffer
+        is reused)."""
+        R, n, B = step.num_rows, len(step.logit_rows), len(step.counters)
         if R > self.max_rows or B > self.max_batch_size:
             raise ValueError(f"a forward of {R} rows for a batch of {B}: the engine holds {self.max_rows} rows "
                              f"and {self.max_batch_size} sequences")
         if self.config.num_attention_heads * R * step.max_keys > self.scores.size:
             raise ValueError(f"{R} rows over {step.max_keys} keys exceed the attention scratch")
-        self._upload(self.inputs, np.concatenate([step.tokens, step.positions, step.slots, step.logit_rows,
+        self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
                                                   step.counters]).astype(np.int32))
-        view = self.inputs.view
-        self.counters = view(4 * (3 * R + n), (B,))
-        return view(0, (R,)), view(4 * R, (R,)), view(8 * R, (R,)), view(12 * R, (n,))
+        at = self.inputs.view
+        self.counters = at(4 * (3 * R + n), (B,))
+        return at(0, (R,)), at(4 * R, (R,)), at(8 * R, (R,)), at(12 * R, (n,))
 
     def forward(self, step: StepInputs, logits: DeviceArray | None = None) -> DeviceArray:
-        """Upload the step's inputs and run it (see run())."""
-        return self.run(step, self.upload(step), logits)
+        """Upload the step's inputs and run it (see run_uploaded())."""
+        return self.run_uploaded(step, self.upload_step(step), logits)
 
-    def run(self, step: StepInputs, inputs, logits: DeviceArray | None = None) -> DeviceArray:
+    def run_uploaded(self, step: StepInputs, inputs, logits: DeviceArray | None = None) -> DeviceArray:
         """Run the rows of `step` from its uploaded `inputs`, writing their K/V into the cache; the logits of
         step.logit_rows go to rows first_seq.. of self.logits (B, V) f32, or into `logits` (n, V) f32 when
         given. Queues GPU work; does not wait."""
-        c, k, R = self.config, self.kernels, step.rows
-        tokens, positions, slots, logit_rows = inputs
+        c, k, R = self.config, self.kernels, step.num_rows
+        tokens, positions, slot_mapping, logit_rows = inputs
         nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
-        rows = self.rows
-        x, h, d = rows(self.x, 0, R), rows(self.h, 0, R), rows(self.d, 0, R)
-        qkv, attn = rows(self.qkv, 0, R), rows(self.attn, 0, R)
-        gate_up, act = rows(self.gate_up, 0, R), rows(self.act, 0, R)
+        view = self.row_view
+        x, h, d = view(self.x, 0, R), view(self.h, 0, R), view(self.d, 0, R)
+        qkv, attn = view(self.qkv, 0, R), view(self.attn, 0, R)
+        gate_up, act = view(self.gate_up, 0, R), view(self.act, 0, R)
         k.embedding(tokens, self.weights["model.embed_tokens.weight"], x)
         for i, w in enumerate(self.layers):
             if i == 0:
@@ -138,7 +139,7 @@ class Model:
             self.cublas.linear(h, w["qkv"], qkv)
             k.rope(qkv, self.cos, self.sin, positions, nh + nkv, hd)
             k_cache, v_cache = self.cache.layer(i)
-            k.kv_write(qkv, k_cache, v_cache, slots, nh, nkv, hd)
+            k.kv_write(qkv, k_cache, v_cache, slot_mapping, nh, nkv, hd)
             k.attention(qkv, k_cache, v_cache, self.scores, attn, positions, step.rows_per_seq, step.first_seq,
                         step.max_keys, nh, nkv, hd)
             self.cublas.linear(attn, w["o"], d)
@@ -148,10 +149,10 @@ class Model:
             self.cublas.linear(act, w["down"], d)
         k.add_rms_norm(x, d, self.weights["model.norm.weight"], h, eps)
         n = len(step.logit_rows)
-        chosen = rows(self.d, 0, n)                  # d is free again: it takes the rows whose logits are wanted
+        chosen = view(self.d, 0, n)                  # d is free again: it takes the rows whose logits are wanted
         k.embedding(logit_rows, h, chosen)           # a row gather, which is what the embedding kernel does
         if logits is None:                           # (n, V) of the (B, V) buffer, or the caller's
-            logits = self.rows(self.logits, step.first_seq, n)
+            logits = self.row_view(self.logits, step.first_seq, n)
         self.cublas.linear(chosen, self.weights.lm_head, logits)
         return logits
 
@@ -159,7 +160,7 @@ class Model:
         """Queue the sampler over the batch's first n logits rows, each with its sequence's parameters and the
         last upload's counters; returns the (n,) i32 device array it writes."""
         first = [a.view(0, (n,)) for a in (self.temperature, self.top_k, self.top_p, self.seed, self.next_ids)]
-        self.kernels.sample(self.rows(self.logits, 0, n), *first[:4], self.counters, first[4])
+        self.kernels.sample(self.row_view(self.logits, 0, n), *first[:4], self.counters, first[4])
         return first[4]
 
     def sample(self, n: int) -> np.ndarray:

@@ -93,10 +93,10 @@ def test_1b_preset_loads_and_verifies():
     assert engine.verify() == []
 
 
-@pytest.mark.parametrize("slots", [1, 2, 7])
-def test_any_number_of_staging_slots_copies_exactly(tiny_sharded_dir, kernels, slots):
+@pytest.mark.parametrize("buffers", [1, 2, 7])
+def test_any_number_of_staging_buffers_copies_exactly(tiny_sharded_dir, kernels, buffers):
     from ..weights import load_weights, verify
 
     ckpt = Checkpoint(tiny_sharded_dir)
-    weights = load_weights(ckpt, kernels.gpu, progress=False, slots=slots)
+    weights = load_weights(ckpt, kernels.gpu, progress=False, buffers=buffers)
     assert verify(weights, ckpt, kernels) == []

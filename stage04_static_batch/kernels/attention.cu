@@ -13,7 +13,7 @@
 //   scores (nh, n_rows, max_keys) fp32 scratch, max_keys > every P; row (h, r) holds p_0..p_P; out (n_rows, nh*hd).
 //
 // The causal mask and the padding mask are both the loop bound: a row attends to keys 0..P of its own
-// sequence and nothing else. Sequences sit in separate cache slots, so one never sees another's keys; a padding
+// sequence and nothing else. Sequences sit in separate cache regions, so one never sees another's keys; a padding
 // row (batch.py) sits at its sequence's last real position and writes no key, so no query ever reads a padding
 // key, and a real row's result does not depend on what the padding rows hold.
 // Numerical stability: exp(s - m) <= 1, so nothing overflows however large the scores; the result is the same

@@ -1,5 +1,5 @@
-"""CPU: batch grouping, the rows a forward computes (padding, positions, slots), slot accounting and the waste
-counter, all without a GPU: batch.py is plain numpy."""
+"""CPU: batch grouping, the rows a forward computes (padding, positions, slot_mapping), slot-step accounting and
+the waste counter, all without a GPU: batch.py is plain numpy."""
 import numpy as np
 import pytest
 
@@ -37,10 +37,10 @@ def test_requests_run_in_arrival_order_max_batch_size_at_a_time():
 def test_prefill_pads_on_the_right_and_padding_writes_nothing():
     b = batch(seq(0, 3), seq(1, 5), pad=7)
     (step,) = b.prefill_groups(max_rows=100, score_capacity=100)
-    assert step.rows_per_seq == 5 and step.first_seq == 0 and step.rows == 10
+    assert step.rows_per_seq == 5 and step.first_seq == 0 and step.num_rows == 10
     assert step.tokens.tolist() == [100, 101, 102, 7, 7, 101, 102, 103, 104, 105]
     assert step.positions.tolist() == [0, 1, 2, 2, 2, 0, 1, 2, 3, 4]          # padding at the last real position
-    assert step.slots.tolist() == [0, 1, 2, -1, -1, L, L + 1, L + 2, L + 3, L + 4]
+    assert step.slot_mapping.tolist() == [0, 1, 2, -1, -1, L, L + 1, L + 2, L + 3, L + 4]
     assert step.logit_rows.tolist() == [2, 9]                                 # each sequence's last real row
     assert step.counters.tolist() == [0, 0] and step.max_keys == 5
     assert b.stats.prompt_tokens == 8 and b.stats.prefill_rows == 10 and b.stats.padding_share == pytest.approx(0.2)
@@ -49,8 +49,8 @@ def test_prefill_pads_on_the_right_and_padding_writes_nothing():
 def test_prefill_splits_into_groups_that_fit_rows_and_scores():
     seqs = [seq(i, n) for i, n in enumerate([4, 2, 3, 4, 1])]
     steps = batch(*seqs).prefill_groups(max_rows=8, score_capacity=100)     # 8 rows: 2 sequences of <= 4
-    assert [(s.first_seq, s.rows_per_seq, s.rows) for s in steps] == [(0, 4, 8), (2, 4, 8), (4, 1, 1)]
-    assert steps[1].slots.tolist()[:3] == [2 * L, 2 * L + 1, 2 * L + 2]       # sequence 2 lives in slot 2
+    assert [(s.first_seq, s.rows_per_seq, s.num_rows) for s in steps] == [(0, 4, 8), (2, 4, 8), (4, 1, 1)]
+    assert steps[1].slot_mapping.tolist()[:3] == [2 * L, 2 * L + 1, 2 * L + 2]   # seq_slot 2's region
     steps = batch(*seqs).prefill_groups(max_rows=100, score_capacity=40)    # 40 scores: 2 x 4 x 4
     assert [s.first_seq for s in steps] == [0, 2, 4]
     with pytest.raises(ValueError, match="a 4-token prompt"):
@@ -66,7 +66,7 @@ def test_decode_rows_advance_and_finished_rows_idle():
     step = b.decode_inputs()
     assert step.tokens.tolist() == [11, 21]
     assert step.positions.tolist() == [2, 5]              # a idles at its last cached position, b_ advances
-    assert step.slots.tolist() == [-1, L + 5]             # the idle row writes nothing
+    assert step.slot_mapping.tolist() == [-1, L + 5]             # the idle row writes nothing
     assert step.counters.tolist() == [1, 1] and step.rows_per_seq == 1
     b.record([99, 22])                                    # row a's token is thrown away
     b.record([98, 23])

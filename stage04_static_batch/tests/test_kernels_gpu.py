@@ -121,23 +121,23 @@ def run_attention(kernels, rng, lengths, rows_per_seq, nh, nkv, hd, max_len, fir
     decode-shaped (rows_per_seq = 1: one row at position len - 1). Returns (out, probabilities, reference's)."""
     gpu = kernels.gpu
     n_seq = len(lengths)
-    B = first_seq + n_seq + 1                                                 # slots around the ones used
+    B = first_seq + n_seq + 1                                                 # seq_slots around the ones used
     R = n_seq * rows_per_seq
     qkv, qkvf = bf16(gpu, rng.normal(0, scale, (R, (nh + 2 * nkv) * hd)))
     k_cache, kf = bf16(gpu, rng.normal(0, scale, (B, max_len, nkv, hd)))
     v_cache, vf = bf16(gpu, rng.normal(0, scale, (B, max_len, nkv, hd)))
     positions = np.concatenate([np.minimum(np.arange(rows_per_seq), n - 1) if rows_per_seq > 1 else [n - 1]
                                 for n in lengths]).astype(np.int32)
-    slots = np.full(R, -1, np.int32)
+    slot_mapping = np.full(R, -1, np.int32)
     for i, n in enumerate(lengths):                                           # the rows' own K/V, as in a forward
         t = np.arange(rows_per_seq if rows_per_seq > 1 else 1)
         real = t[t < n] if rows_per_seq > 1 else np.array([0])
-        slots[i * rows_per_seq + real] = (first_seq + i) * max_len + positions[i * rows_per_seq + real]
-    kernels.kv_write(qkv, k_cache, v_cache, gpu.to_device(slots), nh, nkv, hd)
+        slot_mapping[i * rows_per_seq + real] = (first_seq + i) * max_len + positions[i * rows_per_seq + real]
+    kernels.kv_write(qkv, k_cache, v_cache, gpu.to_device(slot_mapping), nh, nkv, hd)
     new_k = qkvf[:, nh * hd:(nh + nkv) * hd].reshape(R, nkv, hd)
     new_v = qkvf[:, (nh + nkv) * hd:].reshape(R, nkv, hd)
-    for r in np.flatnonzero(slots >= 0):
-        kf.reshape(-1, nkv, hd)[slots[r]], vf.reshape(-1, nkv, hd)[slots[r]] = new_k[r], new_v[r]
+    for r in np.flatnonzero(slot_mapping >= 0):
+        kf.reshape(-1, nkv, hd)[slot_mapping[r]], vf.reshape(-1, nkv, hd)[slot_mapping[r]] = new_k[r], new_v[r]
     max_keys = int(positions.max()) + 1
     scores = poisoned(gpu, (nh * R * max_keys,), "f32")
     out = poisoned(gpu, (R, nh * hd))
@@ -160,12 +160,12 @@ def test_kv_write_writes_each_row_to_its_slot_and_skips_minus_one(kernels, rng):
     T, nh, nkv, hd, B, max_len = 7, 8, 2, 32, 3, 20
     qkv, qkvf = bf16(gpu, rng.normal(0, 1, (T, (nh + 2 * nkv) * hd)))
     k_cache, v_cache = poisoned(gpu, (B, max_len, nkv, hd)), poisoned(gpu, (B, max_len, nkv, hd))
-    slots = np.array([5, 6, -1, max_len + 3, -1, 2 * max_len + 19, 0], np.int32)
-    kernels.kv_write(qkv, k_cache, v_cache, gpu.to_device(slots), nh, nkv, hd)
+    slot_mapping = np.array([5, 6, -1, max_len + 3, -1, 2 * max_len + 19, 0], np.int32)
+    kernels.kv_write(qkv, k_cache, v_cache, gpu.to_device(slot_mapping), nh, nkv, hd)
     k, v = read(gpu, k_cache).reshape(-1, nkv, hd), read(gpu, v_cache).reshape(-1, nkv, hd)
-    written = slots[slots >= 0]
-    assert np.array_equal(k[written], qkvf[slots >= 0, nh * hd:(nh + nkv) * hd].reshape(-1, nkv, hd))
-    assert np.array_equal(v[written], qkvf[slots >= 0, (nh + nkv) * hd:].reshape(-1, nkv, hd))
+    written = slot_mapping[slot_mapping >= 0]
+    assert np.array_equal(k[written], qkvf[slot_mapping >= 0, nh * hd:(nh + nkv) * hd].reshape(-1, nkv, hd))
+    assert np.array_equal(v[written], qkvf[slot_mapping >= 0, (nh + nkv) * hd:].reshape(-1, nkv, hd))
     untouched = np.setdiff1d(np.arange(B * max_len), written)
     assert np.isnan(k[untouched]).all() and np.isnan(v[untouched]).all()       # nothing else touched
 
@@ -196,7 +196,7 @@ def test_a_real_row_does_not_depend_on_padding_rows(kernels, rng):
     width = (nh + 2 * nkv) * hd
     positions = np.concatenate([np.minimum(np.arange(T), n - 1) for n in lengths]).astype(np.int32)
     real = np.concatenate([np.arange(T) < n for n in lengths])
-    slots = np.where(real, np.concatenate([i * max_len + np.arange(T) for i in range(2)]), -1).astype(np.int32)
+    slot_mapping = np.where(real, np.concatenate([i * max_len + np.arange(T) for i in range(2)]), -1).astype(np.int32)
     base = rng.normal(0, 1, (2 * T, width))
     outs = []
     for pad_value in (0.0, 1e4):
@@ -204,7 +204,7 @@ def test_a_real_row_does_not_depend_on_padding_rows(kernels, rng):
         x[~real] = pad_value
         qkv, _ = bf16(gpu, x)
         cache = [poisoned(gpu, (2, max_len, nkv, hd)) for _ in range(2)]
-        kernels.kv_write(qkv, *cache, gpu.to_device(slots), nh, nkv, hd)
+        kernels.kv_write(qkv, *cache, gpu.to_device(slot_mapping), nh, nkv, hd)
         out = poisoned(gpu, (2 * T, nh * hd))
         kernels.attention(qkv, *cache, gpu.empty((nh * 2 * T * T,), "f32"), out, gpu.to_device(positions), T, 0,
                           T, nh, nkv, hd)
@@ -221,6 +221,6 @@ def test_launchers_reject_bad_shapes(kernels):
     with pytest.raises(ValueError, match="attention"):                        # 5 keys > 4 positions a slot
         kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((300,), "f32"),
                           gpu.empty((3, 16), "bf16"), positions, 1, 0, 5, 2, 1, 8)
-    with pytest.raises(ValueError, match="attention"):                        # 3 sequences from slot 0 > 2 slots
+    with pytest.raises(ValueError, match="attention"):                        # 3 sequences from seq_slot 0 > 2
         kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((300,), "f32"),
                           gpu.empty((3, 16), "bf16"), positions, 1, 0, 4, 2, 1, 8)

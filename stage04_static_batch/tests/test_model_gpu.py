@@ -1,5 +1,5 @@
 """GPU tier, the whole model in batches: logits against the numpy reference at every position (prefill) and at
-every decode step of a batch of uneven sequences (through the cache), each slot's cache contents, padding that
+every decode step of a batch of uneven sequences (through the cache), each seq_slot's cache region, padding that
 never matters, per-sequence sampling, greedy generation against the reference engine, and on the 1B preset
 against Hugging Face transformers (bf16, sdpa) on the same folder."""
 import numpy as np
@@ -72,7 +72,7 @@ def test_decode_logits_of_a_batch_match_the_reference(fixture, request, engines)
 
 
 @pytest.mark.parametrize("fixture", ["tiny_dir", "small_dir"])
-def test_each_slot_holds_its_sequences_keys_and_values(fixture, request, engines):
+def test_each_cache_region_holds_its_sequences_keys_and_values(fixture, request, engines):
     from common.bf16 import bf16_to_f32
 
     folder = request.getfixturevalue(fixture)
