@@ -213,16 +213,17 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
 
 
 def warm_up(engine, workload: str, prompts, params, full: bool) -> None:
-    """Compile the kernels and touch every batch shape the timed runs use, a few tokens each (the first timed
-    run was seen 30-50% slower without it at B = 8..64). `full`: the first request as timed (hf-compile compiles
-    and captures the decode step for its cache length). `long` warms on a short prompt: no extra 32K prefill."""
+    """Compile the kernels and touch every shape the timed runs use, a few tokens each: every batch size (the
+    first timed run was seen 30-50% slower without it at B = 8..64), and for `long` the whole prompt (warmed on
+    a 128-token prompt, HF's first 2048- and 8192-token prefills were 2-4x slower than the next). `full`: the
+    first request as timed (hf-compile compiles and captures the decode step for its cache length)."""
     def short(p):
         return replace(p, max_tokens=min(4, p.max_tokens))
 
     if full:
         engine.generate(prompts[:1], params[0])
     elif workload == "long":
-        engine.generate([prompts[0][:128]], short(params[0]))
+        engine.generate(prompts[:1], replace(params[0], max_tokens=2))
     else:
         for n in (BATCH_SIZES if workload == "batch" else (min(len(prompts), 64),)):
             engine.generate(prompts[:n], [short(p) for p in params[:n]])
