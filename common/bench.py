@@ -27,52 +27,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
+from common.bench_table import format_table, merge, spread_warnings, summarise
 from common.checkpoint import Checkpoint
-from common.sampling import SamplingParams
+from common.measure import device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up, waste
 from common.synthetic import resolve_model
-
-GROWTH_LENGTHS = (64, 256, 1024)
-BATCH_SIZES = (1, 8, 32, 64)        # `batch`: the first B of its 64 requests, given to generate() together
-LONG_LENGTHS = (2048, 8192, 32768)  # `long`: one prompt of each length, each in its own process
-SPREAD_WARNING = 0.10               # (max - min) / median of a headline figure above this is called out
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    requests: int
-    prompt_tokens: tuple[int, int]   # (low, high), uniform; equal for a fixed length
-    new_tokens: tuple[int, int]
-    figure: str
-    headline: tuple[str, ...]        # the figures the ratio columns compare
-    lower_is_better: bool = False
-    columns: tuple[str, ...] = ()    # further figures the table shows
-
-    @property
-    def max_model_len(self) -> int:
-        return self.prompt_tokens[1] + self.new_tokens[1]
-
-
-WORKLOADS = {w.name: w for w in [
-    Workload("load", 0, (0, 0), (0, 0), "weights onto the GPU, GB/s, against a plain read of the same file bytes",
-             ("load_gb_per_s",), columns=("plain_read_gb_per_s",)),
-    Workload("latency", 1, (128, 128), (256, 256), "ms per decode step, time to first token, bandwidth use",
-             ("ms_per_decode_step",), lower_is_better=True,
-             columns=("ttft_ms", "output_tok_per_s", "bandwidth_utilisation")),
-    Workload("growth", 1, (512, 512), (1024, 1024), "decode tok/s over the first 64, 256, 1024 new tokens",
-             tuple(f"decode_tok_per_s_at_{n}" for n in GROWTH_LENGTHS)),
-    Workload("batch", 64, (128, 128), (128, 128), "output tok/s at B = 1, 8, 32, 64",
-             tuple(f"output_tok_per_s_at_B{n}" for n in BATCH_SIZES)),
-    Workload("ragged", 256, (100, 1024), (100, 1024), "output tok/s (nano-vllm's bench.py workload)",
-             ("output_tok_per_s",), columns=("ttft_ms", "ms_per_decode_step", "slot_waste", "padding_share")),
-    Workload("long", 1, (LONG_LENGTHS[-1], LONG_LENGTHS[-1]), (64, 64),
-             "prefill tok/s (prompt tokens / time to first token) at 2048, 8192, 32768; memory beyond the weights",
-             tuple(f"prefill_tok_per_s_at_{n}" for n in LONG_LENGTHS),
-             columns=tuple(f"memory_beyond_weights_gb_at_{n}" for n in LONG_LENGTHS)),
-]}
-
+from common.workloads import BATCH_SIZES, LONG_LENGTHS, WORKLOADS, Workload, make_requests
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -94,56 +53,7 @@ BASELINES = {
 }
 
 
-def make_requests(name: str, vocab_size: int = 128000, seed: int = 0, prompt_tokens: int | None = None
-                  ) -> list[tuple[list[int], SamplingParams]]:
-    """The workload's requests: random regular-token prompts (no special ids) and greedy ignore_eos params.
-    `prompt_tokens` fixes the prompt length (`long` runs one per length)."""
-    w = WORKLOADS[name]
-    low, high = (prompt_tokens, prompt_tokens) if prompt_tokens else w.prompt_tokens
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(w.requests):
-        p = int(rng.integers(low, high + 1))
-        n = int(rng.integers(w.new_tokens[0], w.new_tokens[1] + 1))
-        out.append((rng.integers(0, vocab_size, p).tolist(),
-                    SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
-    return out
-
-
-# ---------------------------------------------------------------------------- measurements (in the worker)
-def plain_read_gbps(files: list[Path], buf: np.ndarray | None = None, repeats: int = 3) -> float:
-    """Read the files' bytes into one buffer, already faulted in: the floor any loader that reads them pays."""
-    total = sum(f.stat().st_size for f in files)
-    if buf is None:
-        buf = np.ones(total, dtype=np.uint8)   # ones, not empty: touch every page before the clock starts
-    times = []
-    for _ in range(repeats):
-        t, pos = time.perf_counter(), 0
-        for f in files:
-            with open(f, "rb", buffering=0) as fh:
-                pos += fh.readinto(memoryview(buf)[pos:])
-        times.append(time.perf_counter() - t)
-    return total / statistics.median(times) / 1e9
-
-
-def device_memory_used() -> int | None:
-    """Bytes in use on device 0 as the driver sees them (every process, every allocator pool), or None without a
-    GPU. The primary context is retained first, so the figure after an engine starts counts the engine, not it."""
-    try:
-        from cuda.bindings import driver
-
-        from common.device import check
-
-        check(driver.cuInit(0), "cuInit")
-        dev = check(driver.cuDeviceGet(0), "cuDeviceGet")
-        check(driver.cuCtxSetCurrent(check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")),
-              "cuCtxSetCurrent")
-        free, total = check(driver.cuMemGetInfo(), "cuMemGetInfo")
-        return int(total) - int(free)
-    except Exception:
-        return None
-
-
+# ---------------------------------------------------------------------------- the worker: one engine, one process
 def build_engine(tag: str, model: str, **kwargs):
     """The engine of a stage or baseline, given only the keyword arguments its constructor takes."""
     spec = engine_spec(tag)
@@ -212,73 +122,6 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
     return {"runs": runs, "info": info}
 
 
-def warm_up(engine, workload: str, prompts, params, full: bool) -> None:
-    """Compile the kernels and touch every shape the timed runs use, a few tokens each: every batch size (the
-    first timed run was seen 30-50% slower without it at B = 8..64), and for `long` the whole prompt (warmed on
-    a 128-token prompt, HF's first 2048- and 8192-token prefills were 2-4x slower than the next). `full`: the
-    first request as timed (hf-compile compiles and captures the decode step for its cache length)."""
-    def short(p):
-        return replace(p, max_tokens=min(4, p.max_tokens))
-
-    if full:
-        engine.generate(prompts[:1], params[0])
-    elif workload == "long":
-        engine.generate(prompts[:1], replace(params[0], max_tokens=2))
-    else:
-        for n in (BATCH_SIZES if workload == "batch" else (min(len(prompts), 64),)):
-            engine.generate(prompts[:n], [short(p) for p in params[:n]])
-
-
-def generate_once(engine, prompts, params) -> tuple[float, list]:
-    """Generated tokens per second of one generate(prompts, params), and the engine's per-request Timings."""
-    t = time.perf_counter()
-    outs = engine.generate(prompts, params)
-    rate = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t)
-    return rate, list(getattr(engine, "timings", []))
-
-
-def waste(engine) -> dict:
-    """A batching engine's counts of the last generate() (its `stats`), where it keeps them."""
-    stats = getattr(engine, "stats", None)
-    if stats is None:
-        return {}
-    return {"batches": stats.batches, "slot_waste": stats.slot_waste, "padding_share": stats.padding_share}
-
-
-def growth_rates(timings) -> dict:
-    """Decode tok/s over the first n new tokens, n in GROWTH_LENGTHS (tokens 2..n come from decode steps);
-    the median over the requests' Timings."""
-    return {f"decode_tok_per_s_at_{n}": statistics.median((n - 1) / sum(t.step_s[:n - 1]) for t in timings)
-            for n in GROWTH_LENGTHS}
-
-
-def gpu_and_host_ms(gpu, enqueue, repeats: int = 5) -> dict:
-    """Split one unit of queued GPU work (`enqueue()`, which must not wait for the GPU) into GPU time and the
-    host's time to queue it. A spin kernel holds the GPU while the host queues, so the events around the work
-    see it back to back, without launch gaps (common/kernels/spin.cu). Medians of `repeats`."""
-    from cuda.core import LaunchConfig
-
-    from common.compile import KernelModule
-
-    spin = KernelModule(Path(__file__).parent / "kernels" / "spin.cu", gpu.arch).kernel("spin")
-    one = LaunchConfig(grid=1, block=1)
-    gpu_ms, host_ms, hold_ns = [], [], 20_000_000
-    while len(gpu_ms) < repeats:
-        gpu.launch(spin, one, np.uint64(hold_ns))
-        t = time.perf_counter()
-        start = gpu.record()
-        enqueue()
-        end = gpu.record()
-        queued = time.perf_counter() - t
-        end.sync()
-        if queued * 1e9 > 0.8 * hold_ns:           # the GPU caught up with the host: hold it longer, retry
-            hold_ns *= 2
-            continue
-        gpu_ms.append(end - start)
-        host_ms.append(queued * 1e3)
-    return {"gpu_ms": statistics.median(gpu_ms), "host_queue_ms": statistics.median(host_ms)}
-
-
 def environment() -> dict:
     from common.device import has_gpu
 
@@ -341,105 +184,6 @@ def run_worker(tag: str, model: str, workload: str, repeats: int, prompt_tokens:
     if proc.returncode or not line:
         raise SystemExit(f"{engine_name(tag)} failed on {workload}:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(line[0][7:])
-
-
-def merge(results: list[dict]) -> dict:
-    """Several workers' results for one engine (processes, or `long`'s lengths) -> one: runs concatenated
-    per figure, info merged, unsupported lengths kept by name."""
-    out: dict = {"runs": [], "info": {}}
-    for r in results:
-        if "unsupported" in r:
-            key = "unsupported" + (f"_at_{r['prompt_tokens']}" if "prompt_tokens" in r else "")
-            out["info"][key] = r["unsupported"]
-            continue
-        out["runs"] += r["runs"]
-        out["info"] |= r.get("info", {})
-    return out
-
-
-def summarise(results: dict[str, dict]) -> dict[str, dict]:
-    """Per engine: the median of every figure over its runs, `spread` {figure: [min, max]}, the number of runs,
-    and its info (warm-up time, memory, unsupported lengths)."""
-    out = {}
-    for name, r in results.items():
-        if "skipped" in r:
-            out[name] = {"skipped": r["skipped"]}
-            continue
-        s: dict = {k: v for k, v in r["info"].items()}
-        keys = dict.fromkeys(k for run in r["runs"] for k, v in run.items() if isinstance(v, (int, float)))
-        for k in keys:
-            vals = [run[k] for run in r["runs"] if k in run]
-            s[k] = statistics.median(vals)
-            s.setdefault("spread", {})[k] = [min(vals), max(vals)]
-        s["repeats"] = max([len([run for run in r["runs"] if k in run]) for k in keys] or [0])   # runs per figure
-        if not r["runs"] and "unsupported" not in s:
-            s["unsupported"] = "; ".join(f"{k[len('unsupported_at_'):]} tokens: {v}" for k, v in r["info"].items()
-                                         if k.startswith("unsupported_at_"))
-        out[name] = s
-    return out
-
-
-def spread_warnings(summary: dict[str, dict], workload: Workload) -> list[str]:
-    notes = []
-    for name, s in summary.items():
-        for k in workload.headline:
-            if k in s.get("spread", {}) and s[k]:
-                lo, hi = s["spread"][k]
-                if (hi - lo) / s[k] > SPREAD_WARNING:
-                    notes.append(f"{name} {k}: spread {100 * (hi - lo) / s[k]:.0f}% over {s['repeats']} runs "
-                                 f"(min {fmt(lo)}, max {fmt(hi)})")
-    return notes
-
-
-def fmt(x: float) -> str:
-    if x != x:
-        return "n/a"
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}" if abs(x) >= 0.1 \
-        else f"{x:.3f}"
-
-
-def speedup(workload: Workload, key: str, this: dict, prev: dict | None) -> str:
-    """This engine against the previous one on a headline figure: >1 is better (faster or more tok/s)."""
-    if not prev or key not in prev or key not in this or not this[key] or not prev[key]:
-        return "-"
-    r = prev[key] / this[key] if workload.lower_is_better else this[key] / prev[key]
-    return f"{r:.2f}x"
-
-
-def format_table(summary: dict[str, dict], workload: Workload) -> str:
-    """Medians (min-max) of the headline and other figures, and the speed-up of each headline figure against
-    the engine in the row above."""
-    keys = [k for k in (*workload.headline, *workload.columns)
-            if any(k in s or f"unsupported_at_{k.rsplit('_', 1)[-1]}" in s for s in summary.values())]
-    short = {k: k.replace("output_tok_per_s_at_", "tok/s ").replace("prefill_tok_per_s_at_", "prefill tok/s ")
-             .replace("decode_tok_per_s_at_", "decode tok/s ").replace("memory_beyond_weights_gb_at_", "GB beyond "
-             "weights ") for k in keys}
-    heads = [k for k in workload.headline if k in keys]
-    if not keys:
-        return "| engine | result |\n| --- | --- |\n" + "\n".join(
-            f"| {name} | {s.get('skipped') or 'unsupported: ' + s.get('unsupported', '?')} |"
-            for name, s in summary.items())
-    lines = ["| engine | " + " | ".join(short[k] for k in keys) + " | "
-             + " | ".join(f"speed-up: {short[k]}" for k in heads) + " |",
-             "|" + " --- |" * (1 + len(keys) + len(heads))]
-    prev = None
-    for name, s in summary.items():
-        if "skipped" in s or ("unsupported" in s and not s.get("repeats")):
-            lines.append(f"| {name} | {s.get('skipped') or 'unsupported: ' + s['unsupported']} |")
-            continue
-        cells = []
-        for k in keys:
-            if k not in s:
-                cells.append("unsupported" if f"unsupported_at_{k.rsplit('_', 1)[-1]}" in s else "n/a")
-            elif k in s.get("spread", {}) and s["repeats"] > 1:
-                lo, hi = s["spread"][k]
-                cells.append(f"{fmt(s[k])} ({fmt(lo)}-{fmt(hi)})")
-            else:
-                cells.append(fmt(s[k]))
-        lines.append(f"| {name} | " + " | ".join(cells) + " | "
-                     + " | ".join(speedup(workload, k, s, prev) for k in heads) + " |")
-        prev = s
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

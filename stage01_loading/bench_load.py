@@ -8,8 +8,8 @@ loader's default.
 import numpy as np
 import pytest
 
-from common.bench import plain_read_gbps
 from common.checkpoint import Checkpoint
+from common.measure import plain_read_gbps
 from common.synthetic import resolve_model
 
 MODEL = "llama-3.2-1b"

@@ -14,7 +14,8 @@ import statistics
 import numpy as np
 import pytest
 
-from common.bench import gpu_and_host_ms, make_requests
+from common.measure import gpu_and_host_ms
+from common.workloads import make_requests
 
 PREFILL = [128, 512, 2048]
 MAX_LEN = 2304                      # room for the longest prefill and for latency's 128 + 256

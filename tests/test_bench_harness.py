@@ -2,8 +2,10 @@ import json
 
 import pytest
 
-from common.bench import (BASELINES, WORKLOADS, format_table, growth_rates, main, make_requests, merge,
-                          spread_warnings, stage_module, summarise)
+from common.bench import BASELINES, main, stage_module
+from common.bench_table import format_table, merge, spread_warnings, summarise
+from common.measure import growth_rates
+from common.workloads import WORKLOADS, make_requests
 from common.device import has_gpu
 from common.outputs import Timing
 

@@ -1,0 +1,112 @@
+"""What the harness and the stages' pytest-benchmark files measure with: file read rate, device memory in use,
+the GPU/host split of a queued step, tok/s of one generate(), the waste counters and growth rates.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from common.workloads import BATCH_SIZES, GROWTH_LENGTHS
+
+def plain_read_gbps(files: list[Path], buf: np.ndarray | None = None, repeats: int = 3) -> float:
+    """Read the files' bytes into one buffer, already faulted in: the floor any loader that reads them pays."""
+    total = sum(f.stat().st_size for f in files)
+    if buf is None:
+        buf = np.ones(total, dtype=np.uint8)   # ones, not empty: touch every page before the clock starts
+    times = []
+    for _ in range(repeats):
+        t, pos = time.perf_counter(), 0
+        for f in files:
+            with open(f, "rb", buffering=0) as fh:
+                pos += fh.readinto(memoryview(buf)[pos:])
+        times.append(time.perf_counter() - t)
+    return total / statistics.median(times) / 1e9
+
+
+def device_memory_used() -> int | None:
+    """Bytes in use on device 0 as the driver sees them (every process, every allocator pool), or None without a
+    GPU. The primary context is retained first, so the figure after an engine starts counts the engine, not it."""
+    try:
+        from cuda.bindings import driver
+
+        from common.device import check
+
+        check(driver.cuInit(0), "cuInit")
+        dev = check(driver.cuDeviceGet(0), "cuDeviceGet")
+        check(driver.cuCtxSetCurrent(check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")),
+              "cuCtxSetCurrent")
+        free, total = check(driver.cuMemGetInfo(), "cuMemGetInfo")
+        return int(total) - int(free)
+    except Exception:
+        return None
+
+
+def warm_up(engine, workload: str, prompts, params, full: bool) -> None:
+    """Compile the kernels and touch every shape the timed runs use, a few tokens each: every batch size (the
+    first timed run was seen 30-50% slower without it at B = 8..64), and for `long` the whole prompt (warmed on
+    a 128-token prompt, HF's first 2048- and 8192-token prefills were 2-4x slower than the next). `full`: the
+    first request as timed (hf-compile compiles and captures the decode step for its cache length)."""
+    def short(p):
+        return replace(p, max_tokens=min(4, p.max_tokens))
+
+    if full:
+        engine.generate(prompts[:1], params[0])
+    elif workload == "long":
+        engine.generate(prompts[:1], replace(params[0], max_tokens=2))
+    else:
+        for n in (BATCH_SIZES if workload == "batch" else (min(len(prompts), 64),)):
+            engine.generate(prompts[:n], [short(p) for p in params[:n]])
+
+
+def generate_once(engine, prompts, params) -> tuple[float, list]:
+    """Generated tokens per second of one generate(prompts, params), and the engine's per-request Timings."""
+    t = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    rate = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t)
+    return rate, list(getattr(engine, "timings", []))
+
+
+def waste(engine) -> dict:
+    """A batching engine's counts of the last generate() (its `stats`), where it keeps them."""
+    stats = getattr(engine, "stats", None)
+    if stats is None:
+        return {}
+    return {"batches": stats.batches, "slot_waste": stats.slot_waste, "padding_share": stats.padding_share}
+
+
+def growth_rates(timings) -> dict:
+    """Decode tok/s over the first n new tokens, n in GROWTH_LENGTHS (tokens 2..n come from decode steps);
+    the median over the requests' Timings."""
+    return {f"decode_tok_per_s_at_{n}": statistics.median((n - 1) / sum(t.step_s[:n - 1]) for t in timings)
+            for n in GROWTH_LENGTHS}
+
+
+def gpu_and_host_ms(gpu, enqueue, repeats: int = 5) -> dict:
+    """Split one unit of queued GPU work (`enqueue()`, which must not wait for the GPU) into GPU time and the
+    host's time to queue it. A spin kernel holds the GPU while the host queues, so the events around the work
+    see it back to back, without launch gaps (common/kernels/spin.cu). Medians of `repeats`."""
+    from cuda.core import LaunchConfig
+
+    from common.compile import KernelModule
+
+    spin = KernelModule(Path(__file__).parent / "kernels" / "spin.cu", gpu.arch).kernel("spin")
+    one = LaunchConfig(grid=1, block=1)
+    gpu_ms, host_ms, hold_ns = [], [], 20_000_000
+    while len(gpu_ms) < repeats:
+        gpu.launch(spin, one, np.uint64(hold_ns))
+        t = time.perf_counter()
+        start = gpu.record()
+        enqueue()
+        end = gpu.record()
+        queued = time.perf_counter() - t
+        end.sync()
+        if queued * 1e9 > 0.8 * hold_ns:           # the GPU caught up with the host: hold it longer, retry
+            hold_ns *= 2
+            continue
+        gpu_ms.append(end - start)
+        host_ms.append(queued * 1e3)
+    return {"gpu_ms": statistics.median(gpu_ms), "host_queue_ms": statistics.median(host_ms)}

@@ -1,0 +1,72 @@
+"""The benchmark workloads of the design: seeded request sets, each with its headline figures and direction.
+
+    latency  1 request, 128 + 256 tokens        ms per decode step (lower is better), TTFT, bandwidth use
+    growth   1 request, 512 + 1024 tokens       decode tok/s over the first 64, 256, 1024 new tokens
+    batch    B = 1, 8, 32, 64 of 128 + 128      output tok/s at each B
+    ragged   256 requests, 100..1024 each way   output tok/s (nano-vllm's bench.py workload)
+    long     1 request of 2048, 8192, 32768     prefill tok/s, memory beyond the weights
+    load     stage01's: weights onto the GPU    GB/s against a plain read of the same bytes
+Every request is greedy with ignore_eos, so every run generates the same number of tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from common.sampling import SamplingParams
+
+GROWTH_LENGTHS = (64, 256, 1024)
+BATCH_SIZES = (1, 8, 32, 64)        # `batch`: the first B of its 64 requests, given to generate() together
+LONG_LENGTHS = (2048, 8192, 32768)  # `long`: one prompt of each length, each in its own process
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    requests: int
+    prompt_tokens: tuple[int, int]   # (low, high), uniform; equal for a fixed length
+    new_tokens: tuple[int, int]
+    figure: str
+    headline: tuple[str, ...]        # the figures the ratio columns compare
+    lower_is_better: bool = False
+    columns: tuple[str, ...] = ()    # further figures the table shows
+
+    @property
+    def max_model_len(self) -> int:
+        return self.prompt_tokens[1] + self.new_tokens[1]
+
+
+WORKLOADS = {w.name: w for w in [
+    Workload("load", 0, (0, 0), (0, 0), "weights onto the GPU, GB/s, against a plain read of the same file bytes",
+             ("load_gb_per_s",), columns=("plain_read_gb_per_s",)),
+    Workload("latency", 1, (128, 128), (256, 256), "ms per decode step, time to first token, bandwidth use",
+             ("ms_per_decode_step",), lower_is_better=True,
+             columns=("ttft_ms", "output_tok_per_s", "bandwidth_utilisation")),
+    Workload("growth", 1, (512, 512), (1024, 1024), "decode tok/s over the first 64, 256, 1024 new tokens",
+             tuple(f"decode_tok_per_s_at_{n}" for n in GROWTH_LENGTHS)),
+    Workload("batch", 64, (128, 128), (128, 128), "output tok/s at B = 1, 8, 32, 64",
+             tuple(f"output_tok_per_s_at_B{n}" for n in BATCH_SIZES)),
+    Workload("ragged", 256, (100, 1024), (100, 1024), "output tok/s (nano-vllm's bench.py workload)",
+             ("output_tok_per_s",), columns=("ttft_ms", "ms_per_decode_step", "slot_waste", "padding_share")),
+    Workload("long", 1, (LONG_LENGTHS[-1], LONG_LENGTHS[-1]), (64, 64),
+             "prefill tok/s (prompt tokens / time to first token) at 2048, 8192, 32768; memory beyond the weights",
+             tuple(f"prefill_tok_per_s_at_{n}" for n in LONG_LENGTHS),
+             columns=tuple(f"memory_beyond_weights_gb_at_{n}" for n in LONG_LENGTHS)),
+]}
+
+
+def make_requests(name: str, vocab_size: int = 128000, seed: int = 0, prompt_tokens: int | None = None
+                  ) -> list[tuple[list[int], SamplingParams]]:
+    """The workload's requests: random regular-token prompts (no special ids) and greedy ignore_eos params.
+    `prompt_tokens` fixes the prompt length (`long` runs one per length)."""
+    w = WORKLOADS[name]
+    low, high = (prompt_tokens, prompt_tokens) if prompt_tokens else w.prompt_tokens
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(w.requests):
+        p = int(rng.integers(low, high + 1))
+        n = int(rng.integers(w.new_tokens[0], w.new_tokens[1] + 1))
+        out.append((rng.integers(0, vocab_size, p).tolist(),
+                    SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
+    return out
