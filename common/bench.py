@@ -30,6 +30,7 @@ from pathlib import Path
 from common.bench_table import format_table, merge, spread_warnings, summarise
 from common.checkpoint import Checkpoint
 from common.measure import device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up, waste
+from common.prompts import PromptError
 from common.synthetic import resolve_model
 from common.workloads import BATCH_SIZES, LONG_LENGTHS, WORKLOADS, Workload, make_requests
 
@@ -85,7 +86,7 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
     try:   # one sequence at a time for `long`: no engine needs 64 caches of 32K positions to prefill one prompt
         engine = build_engine(tag, model, max_model_len=max_model_len,
                               **({"max_batch_size": 1} if workload == "long" else {}))
-    except (MemoryError, ValueError) as e:   # GpuMemoryError, PromptError: the engine cannot hold this workload
+    except (MemoryError, PromptError) as e:   # GpuMemoryError, max_model_len past the model's: cannot hold it
         return {"unsupported": f"{type(e).__name__}: {e}"}
     reqs = make_requests(workload, min(engine.config.vocab_size, 128000), prompt_tokens=prompt_tokens)
     prompts, params = [r[0] for r in reqs], [r[1] for r in reqs]
