@@ -133,15 +133,15 @@ def test_decode_step_split(benchmark, stage02, n):
     engine = stage02(ONE_B)
     engine._write_ids(prompt(n))
     vocab = engine.config.vocab_size
-    slot = engine.model.ids.view(4 * n, (1,))
+    next_id = engine.model.ids.view(4 * n, (1,))
 
     def enqueue():
         logits = engine.model.forward(n)
-        engine.kernels.sample(logits.view(0, (vocab,)), slot, 0.0, 0, 1.0, 0, 0)
+        engine.kernels.sample(logits.view(0, (vocab,)), next_id, 0.0, 0, 1.0, 0, 0)
 
     def step():
         enqueue()
-        engine.gpu.to_host(slot)
+        engine.gpu.to_host(next_id)
 
     benchmark.pedantic(step, rounds=10, warmup_rounds=2)
     split = gpu_and_host_ms(engine.gpu, enqueue)

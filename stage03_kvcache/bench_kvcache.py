@@ -58,16 +58,16 @@ def test_decode_step_split(benchmark, engine, length):
     engine._write_ids(np.random.default_rng(length).integers(0, 128000, length + 1).tolist())
     engine.model.forward(0, length)                                   # the cache holds `length` positions
     vocab = engine.config.vocab_size
-    slot = engine.model.ids.view(4 * (length + 1), (1,))
+    next_id = engine.model.ids.view(4 * (length + 1), (1,))
 
     def enqueue():
         engine.model.cache.length = length                            # the same step again, not an append
         logits = engine.model.forward(length, 1)
-        engine.kernels.sample(logits.view(0, (vocab,)), slot, 0.0, 0, 1.0, 0, 0)
+        engine.kernels.sample(logits.view(0, (vocab,)), next_id, 0.0, 0, 1.0, 0, 0)
 
     def step():
         enqueue()
-        engine.gpu.to_host(slot)
+        engine.gpu.to_host(next_id)
 
     benchmark.pedantic(step, rounds=20, warmup_rounds=3)
     split = gpu_and_host_ms(engine.gpu, enqueue)

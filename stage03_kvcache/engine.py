@@ -89,10 +89,10 @@ class Engine:
         while reason is None:
             # prefill runs positions 0..n-1; each decode step only position n-1, the token sampled last
             logits = self.model.forward(0, n) if not new else self.model.forward(n - 1, 1)   # (1, V)
-            slot = self.model.ids.view(4 * n, (1,))                         # the sampler writes ids[n]
-            self.kernels.sample(logits.view(0, (self.config.vocab_size,)), slot, params.temperature,
+            next_id = self.model.ids.view(4 * n, (1,))                      # the sampler writes ids[n]
+            self.kernels.sample(logits.view(0, (self.config.vocab_size,)), next_id, params.temperature,
                                 params.top_k, params.top_p, seed, len(new))
-            tok = int(self.gpu.to_host(slot)[0])                            # waits for the GPU
+            tok = int(self.gpu.to_host(next_id)[0])                         # waits for the GPU
             timing.tick()
             n += 1
             new.append(tok)

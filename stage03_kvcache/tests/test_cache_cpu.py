@@ -16,7 +16,7 @@ def test_1b_cache_is_32_kib_per_token_and_gqa_makes_it_4x_smaller():
 def test_writes_append_within_max_model_len():
     check_write(0, 10, 0, 16)                      # prefill
     check_write(10, 1, 10, 16)                     # a decode step right after it
-    check_write(15, 1, 15, 16)                     # the last slot
+    check_write(15, 1, 15, 16)                     # the last position
     check_write(0, 5, 12, 16)                      # a new sequence restarts at 0
     with pytest.raises(CacheFullError, match="past max_model_len=16"):
         check_write(16, 1, 16, 16)

@@ -171,6 +171,6 @@ def test_launchers_reject_bad_shapes(kernels):
     with pytest.raises(ValueError, match="rms_norm"):
         kernels.rms_norm(gpu.empty((3, 8), "bf16"), gpu.empty((9,), "bf16"), gpu.empty((3, 8), "bf16"), 1e-5)
     cache = gpu.empty((4, 1, 8), "bf16")
-    with pytest.raises(ValueError, match="attention"):                        # 3 queries after 2: 5 > 4 slots
+    with pytest.raises(ValueError, match="attention"):                        # 3 queries after 2: 5 > 4 positions
         kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((30,), "f32"),
                           gpu.empty((3, 16), "bf16"), 2, 2, 1, 8)
