@@ -88,18 +88,18 @@ class Engine:
         seqs = [self._sequence(b, self.prompts.encode(list(s[:n])),
                                SamplingParams(max_tokens=len(s) - n + 1, temperature=0.0, ignore_eos=True))
                 for b, (s, n) in enumerate(zip(sequences, n_prompts))]
-        rows: list[list[np.ndarray]] = [[] for _ in seqs]
+        per_seq: list[list[np.ndarray]] = [[] for _ in seqs]   # each sequence's logits, step by step
 
         def forced(n: int) -> list[int]:
             logits = self.gpu.to_host(self.model.row_view(self.model.logits, 0, n))
             for b, s in enumerate(seqs):
                 if s.running:
-                    rows[b].append(logits[b])
+                    per_seq[b].append(logits[b])
             return [sequences[b][s.length] if s.length < len(sequences[b]) else 0 for b, s in enumerate(seqs)]
 
         for _ in self._run_batch(self._batch(seqs), forced):
             pass
-        return [np.stack(r) for r in rows]
+        return [np.stack(steps) for steps in per_seq]
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         """Run every prompt (text or token ids) to completion, in static batches of up to max_batch_size;
