@@ -77,7 +77,8 @@ def run_load(tag: str, model: str, repeats: int) -> dict:
     return {"runs": [r | {"plain_read_gb_per_s": read} for r in runs]}
 
 
-def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_tokens: int | None = None) -> dict:
+def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_tokens: int | None = None,
+                 budget_s: float = 0.0) -> dict:
     w = WORKLOADS[workload]
     if engine_spec(tag).batch_one and w.requests > 1:
         return {"unsupported": f"{tag} is measured at batch 1; {workload} has {w.requests} requests"}
@@ -99,6 +100,12 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
     except MemoryError as e:
         return {"unsupported": f"{type(e).__name__}: {e}"}
     info["warmup_s"] = time.perf_counter() - t          # for hf-compile: the compile time, reported apart
+    if budget_s and workload == "long" and repeats * info["warmup_s"] > budget_s:
+        # the warm-up ran the whole prompt: it tells what a run costs (a 32K prefill of a naive attention, ~1 min)
+        fewer = max(1, int(budget_s // info["warmup_s"]))
+        info[f"runs_cut_at_{prompt_tokens}"] = (f"{fewer} of {repeats} runs: one takes ~{info['warmup_s']:.0f} s, "
+                                                f"the budget is {budget_s:.0f} s")
+        repeats = fewer
     runs = []
     for _ in range(repeats):
         if workload == "batch":
@@ -174,10 +181,12 @@ def skip_reason(tag: str) -> str | None:
     return None if ok or not engine_spec(tag).gpu else f"skipped: it needs a GPU ({why})"
 
 
-def run_worker(tag: str, model: str, workload: str, repeats: int, prompt_tokens: int | None, verbose: bool) -> dict:
+def run_worker(tag: str, model: str, workload: str, repeats: int, prompt_tokens: int | None, verbose: bool,
+               budget_s: float = 0.0) -> dict:
     """One engine, one fresh process: its result dict (runs and info, or unsupported)."""
     cmd = [sys.executable, "-m", "common.bench", "--worker", tag, "--workload", workload, "--model", model,
-           "--repeats", str(repeats)] + (["--prompt-tokens", str(prompt_tokens)] if prompt_tokens else [])
+           "--repeats", str(repeats), "--budget-s", str(budget_s)] + (
+               ["--prompt-tokens", str(prompt_tokens)] if prompt_tokens else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if verbose:
         sys.stderr.write(proc.stdout + proc.stderr)
@@ -199,13 +208,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--lengths", default=",".join(map(str, LONG_LENGTHS)),
                     help="`long`: the prompt lengths, comma-separated")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="`long`: a length whose warm-up shows that the runs would take longer than this gets fewer "
+                         "(at least 1), and says so; 0: no budget")
     ap.add_argument("--verbose", action="store_true", help="show each worker's own output")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-tokens", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:  # one engine, one fresh process: print one JSON line
         result = (run_load(a.worker, a.model, a.repeats) if a.workload == "load"
-                  else run_generate(a.worker, a.model, a.workload, a.repeats, a.prompt_tokens))
+                  else run_generate(a.worker, a.model, a.workload, a.repeats, a.prompt_tokens, a.budget_s))
         if a.prompt_tokens:
             result["prompt_tokens"] = a.prompt_tokens
         print("RESULT " + json.dumps(result))
@@ -228,7 +240,7 @@ def main(argv=None) -> int:
         for t in (t for t in order if names[t] not in skipped):
             for n in lengths:
                 t0 = time.perf_counter()
-                raw[names[t]].append(run_worker(t, a.model, a.workload, a.repeats, n, a.verbose))
+                raw[names[t]].append(run_worker(t, a.model, a.workload, a.repeats, n, a.verbose, a.budget_s))
                 print(f"[{names[t]}{f' at {n} tokens' if n else ''}: {time.perf_counter() - t0:.0f} s] "
                       + json.dumps(raw[names[t]][-1])[:300], file=sys.stderr, flush=True)
                 write_record(a, workload, env, raw, skipped, complete=False)   # a cut-off run keeps these
@@ -249,6 +261,8 @@ def main(argv=None) -> int:
         for k, why in s.items():
             if k.startswith("unsupported_at_"):
                 print(f"{name}: {k[len('unsupported_at_'):]} tokens unsupported: {why}")
+            if k.startswith("runs_cut_at_"):
+                print(f"{name}: at {k[len('runs_cut_at_'):]} tokens, {why}")
     for n in notes:
         print(f"note: {n}")
     print(f"wrote {path}")

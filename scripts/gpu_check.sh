@@ -49,7 +49,8 @@ fi
 # the harness: every figure a median of 3 runs with its spread, against the previous stage and the baselines
 want latency && run harness-latency python3 -m common.bench --stages hf,hf-compile,03,04 --workload latency --out "$logs"
 want batch && run harness-batch python3 -m common.bench --stages 03,04 --workload batch --out "$logs"
-want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04 --workload long --lengths ${LONG_LENGTHS:-2048,8192,32768} --out "$logs"
+want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04 --workload long --lengths ${LONG_LENGTHS:-2048,8192,32768} \
+    --budget-s ${LONG_BUDGET_S:-0} --out "$logs"
 # the naive attention of stages 02-05 needs ~1 min per 32K prefill: long-hf-32k measures the baseline alone there
 want long-hf-32k && run harness-long-hf-32k python3 -m common.bench --stages hf-sdpa --workload long --lengths 32768 \
     --out "$logs"

@@ -99,3 +99,12 @@ def test_numpy_runs_and_a_gpu_stage_is_skipped_in_one_line(tmp_path, capsys):
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
     numpy = record["stages"]["numpy"]
     assert numpy["repeats"] == 3 and len(record["raw"]["numpy"][0]["runs"]) == 3 and numpy["ms_per_decode_step"] > 0
+
+
+@pytest.mark.skipif(has_gpu()[0], reason="runs the numpy engine, as on a machine without a GPU")
+def test_a_long_point_over_the_budget_gets_fewer_runs_and_says_so(tmp_path, capsys):
+    assert main(["--stages", "numpy", "--workload", "long", "--model", "tiny", "--lengths", "32", "--repeats", "3",
+                 "--budget-s", "1e-6", "--out", str(tmp_path)]) == 0
+    assert "numpy: at 32 tokens, 1 of 3 runs: one takes" in capsys.readouterr().out
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert record["stages"]["numpy"]["repeats"] == 1 and "runs_cut_at_32" in record["stages"]["numpy"]
