@@ -34,6 +34,7 @@ from common.prompts import PromptError
 from common.synthetic import resolve_model
 from common.workloads import BATCH_SIZES, LONG_LENGTHS, WORKLOADS, Workload, make_requests
 
+
 @dataclass(frozen=True)
 class EngineSpec:
     """Where an engine lives and how the harness builds it."""

@@ -12,6 +12,7 @@ import numpy as np
 
 from common.workloads import BATCH_SIZES, GROWTH_LENGTHS
 
+
 def plain_read_gbps(files: list[Path], buf: np.ndarray | None = None, repeats: int = 3) -> float:
     """Read the files' bytes into one buffer, already faulted in: the floor any loader that reads them pays."""
     total = sum(f.stat().st_size for f in files)
