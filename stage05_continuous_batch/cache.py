@@ -1,0 +1,39 @@
+"""The KV cache of a static batch: one region per seq_slot, each the stage03 cache of one sequence.
+
+Layout: one allocation, viewed per layer as K and V of shape (max_batch_size, max_model_len, n_kv_heads,
+head_dim) bf16. The sequence of seq_slot b owns region b for as long as the batch runs; its position p is cache
+slot b * max_model_len + p (the slot mapping, kv_write.cu). Keys are stored after RoPE, as in stage03.
+
+Size:  max_batch_size x layers x 2 (K, V) x max_model_len x n_kv_heads x head_dim x 2 bytes.
+For Llama 3.2 1B: 32 KiB per token, so 64 regions of 4096 positions are 8 GiB, reserved at start whether the
+sequences use them or not: every region is sized for the longest sequence the engine accepts (stage07's paged
+cache hands out memory as sequences grow instead).
+"""
+from __future__ import annotations
+
+from common.config import LlamaConfig
+from common.device import DeviceArray, Gpu
+
+
+def kv_cache_bytes(config: LlamaConfig, max_model_len: int, max_batch_size: int = 1) -> int:
+    return (max_batch_size * config.num_hidden_layers * 2 * max_model_len * config.num_key_value_heads
+            * config.head_dim * 2)
+
+
+class KVCache:
+    def __init__(self, config: LlamaConfig, max_batch_size: int, max_model_len: int, gpu: Gpu):
+        self.config, self.max_batch_size, self.max_model_len = config, max_batch_size, max_model_len
+        self.nbytes = kv_cache_bytes(config, max_model_len, max_batch_size)
+        free, _ = gpu.memory()
+        if self.nbytes > free:
+            raise MemoryError(f"KV cache for max_batch_size={max_batch_size} x max_model_len={max_model_len}: "
+                              f"{self.nbytes / 2**30:.2f} GiB needed, {free / 2**30:.2f} GiB free on the GPU; "
+                              "lower max_batch_size or max_model_len")
+        self.buffer = gpu.empty((self.nbytes,), "u8")
+        shape = (max_batch_size, max_model_len, config.num_key_value_heads, config.head_dim)
+        per = self.nbytes // (2 * config.num_hidden_layers)
+        self.k = [self.buffer.view((2 * i) * per, shape, "bf16") for i in range(config.num_hidden_layers)]
+        self.v = [self.buffer.view((2 * i + 1) * per, shape, "bf16") for i in range(config.num_hidden_layers)]
+
+    def layer(self, i: int) -> tuple[DeviceArray, DeviceArray]:
+        return self.k[i], self.v[i]
