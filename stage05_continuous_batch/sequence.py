@@ -1,7 +1,7 @@
 """One request while the engine holds it: its tokens, its parameters, where it is in its life, and its seq_slot.
 
-    WAITING  --admitted (a seq_slot is free, the step has token budget)-->  RUNNING  --stop / length / abort-->  FINISHED
-    WAITING  --abort-->  FINISHED
+    WAITING --admitted (a seq_slot is free, the step has budget)--> RUNNING --stop / length / abort--> FINISHED
+    WAITING --abort--> FINISHED
 
 A RUNNING sequence owns one seq_slot: its index in the engine's per-sequence arrays (sampling parameters, the
 sampler's counter) and its region of the KV cache. `num_computed` counts the tokens whose K/V are in that region:
