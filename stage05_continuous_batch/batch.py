@@ -73,6 +73,11 @@ class StepInputs:
         return len(self.tokens)
 
     @property
+    def seq_slots(self) -> np.ndarray:
+        """(R,) the seq_slot of every row, whose cache region it attends over (the kernel reads it per row)."""
+        return self.first_seq + np.arange(self.num_rows, dtype=np.int32) // self.rows_per_seq
+
+    @property
     def max_keys(self) -> int:
         """Keys the longest row attends to: the width of its attention score row."""
         return int(self.positions.max()) + 1

@@ -116,25 +116,25 @@ class Kernels:
                         slot_mapping.arg, np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(stride))
 
     def attention(self, qkv: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, scores: DeviceArray,
-                  out: DeviceArray, positions: DeviceArray, rows_per_seq: int, first_seq: int, max_keys: int,
-                  n_heads: int, n_kv_heads: int, head_dim: int) -> None:
-        """Causal GQA attention of each row r over keys 0..positions[r] of sequence first_seq + r / rows_per_seq.
-        qkv (R, stride) bf16 (queries = the first nh heads), positions (R,) i32 (each < max_keys), caches
-        (B, max_len, nkv, hd) bf16, scores (>= nh*R*max_keys,) f32 scratch, out (R, nh*hd) bf16."""
+                  out: DeviceArray, positions: DeviceArray, seq_slots: DeviceArray, max_keys: int, n_heads: int,
+                  n_kv_heads: int, head_dim: int) -> None:
+        """Causal GQA attention of each row r over keys 0..positions[r] of the sequence in seq_slot seq_slots[r].
+        qkv (R, stride) bf16 (queries = the first nh heads), positions, seq_slots (R,) i32 (each position <
+        max_keys, each seq_slot < B: the caller checks the values), caches (B, max_len, nkv, hd) bf16, scores
+        (>= nh*R*max_keys,) f32 scratch, out (R, nh*hd) bf16."""
         R, stride = qkv.shape
         B, max_len = k_cache.shape[:2]
         _expect("attention", qkv.dtype == out.dtype == k_cache.dtype == v_cache.dtype == "bf16"
                 and scores.dtype == "f32" and scores.size >= n_heads * R * max_keys and max_keys <= max_len
-                and positions.shape == (R,) and positions.dtype == "i32"
+                and positions.shape == seq_slots.shape == (R,) and positions.dtype == seq_slots.dtype == "i32"
                 and out.shape == (R, n_heads * head_dim) and stride >= n_heads * head_dim
                 and k_cache.shape == v_cache.shape == (B, max_len, n_kv_heads, head_dim)
-                and R % rows_per_seq == 0 and 0 <= first_seq and first_seq + R // rows_per_seq <= B
                 and n_heads % n_kv_heads == 0 and THREADS % head_dim == 0 and head_dim % 2 == 0,
-                qkv, k_cache, v_cache, scores, out, positions)
+                qkv, k_cache, v_cache, scores, out, positions, seq_slots)
         self.gpu.launch(self._attention, self._config("attention", (R, n_heads), THREADS), qkv.arg, k_cache.arg,
-                        v_cache.arg, scores.arg, out.arg, positions.arg, np.int32(R), np.int32(rows_per_seq),
-                        np.int32(first_seq), np.int32(max_keys), np.int32(max_len), np.int32(n_heads),
-                        np.int32(n_kv_heads), np.int32(head_dim), np.int32(stride))
+                        v_cache.arg, scores.arg, out.arg, positions.arg, seq_slots.arg, np.int32(R),
+                        np.int32(max_keys), np.int32(max_len), np.int32(n_heads), np.int32(n_kv_heads),
+                        np.int32(head_dim), np.int32(stride))
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
                seed: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:

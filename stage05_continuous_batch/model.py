@@ -10,7 +10,7 @@ so the weights are read once per forward for all the sequences in it: what batch
         q, k, v = h @ Wqkv^T                    (R, (nh + 2 nkv) hd)   one GEMM: q/k/v weights adjacent
         q, k = rope(q, k, positions)                                   each row at its own position
         K[slot_mapping], V[slot_mapping] = k, v                        each row's cache slot; -1 = skip
-        a = causal_gqa_attention(q, K[seq], V[seq], keys 0..position)  (R, nh hd)
+        a = causal_gqa_attention(q, K[seq_slot], V[seq_slot], keys 0..position)  (R, nh hd)  per row
         d = a @ Wo^T;            x += d;  h = rms_norm(x) * w_post       (one fused kernel)
         g, u = h @ Wgate_up^T   (R, 2 I)                                 one GEMM: gate/up adjacent
         d = (silu(g) * u) @ Wdown^T
@@ -47,8 +47,8 @@ class Model:
         self.qkv_width = (nh + 2 * nkv) * hd
         self.cache = KVCache(c, B, L, gpu)                  # first: the one allocation that grows with B x L
         # ---- every activation, allocated once for R rows (shapes per row)
-        self.inputs = gpu.empty((4 * R + B,), "i32")        # one step's tokens | positions | slot_mapping |
-        #                                                     logit rows | counters, uploaded in one copy
+        self.inputs = gpu.empty((5 * R + B,), "i32")        # one step's tokens | positions | slot_mapping |
+        #                                                     seq_slots | logit rows | counters, in one copy
         self.x = gpu.empty((R, H), "bf16")                  # residual stream
         self.h = gpu.empty((R, H), "bf16")                  # normed input of the next GEMM
         self.qkv = gpu.empty((R, self.qkv_width), "bf16")
@@ -99,21 +99,24 @@ class Model:
         host[16 * B:16 * B + 4 * n].view(np.float32)[:] = [s.params.top_p for s in seqs]
         self._copy_in(self.sampling, host)
 
-    def upload_step(self, step: StepInputs) -> tuple[DeviceArray, DeviceArray, DeviceArray, DeviceArray]:
+    def upload_step(self, step: StepInputs) -> tuple[DeviceArray, ...]:
         """Queue the copy of a step's inputs to the GPU (one copy); returns the device views that run_uploaded()
-        reads: tokens, positions, slot_mapping, logit_rows. Waits for earlier GPU work first (the staging buffer
-        is reused)."""
+        reads: tokens, positions, slot_mapping, seq_slots, logit_rows. Waits for earlier GPU work first (the
+        staging buffer is reused)."""
         R, n, B = step.num_rows, len(step.logit_rows), len(step.counters)
         if R > self.max_rows or B > self.max_batch_size:
             raise ValueError(f"a forward of {R} rows for a batch of {B}: the engine holds {self.max_rows} rows "
                              f"and {self.max_batch_size} sequences")
         if self.config.num_attention_heads * R * step.max_keys > self.scores.size:
             raise ValueError(f"{R} rows over {step.max_keys} keys exceed the attention scratch")
-        self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
-                                                  step.counters]).astype(np.int32))
+        if step.seq_slots.min() < 0 or step.seq_slots.max() >= self.max_batch_size:   # the kernel cannot
+            raise ValueError(f"seq_slots {step.seq_slots.min()}..{step.seq_slots.max()} outside the "
+                             f"{self.max_batch_size} the cache holds")
+        self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.seq_slots,
+                                                  step.logit_rows, step.counters]).astype(np.int32))
         at = self.inputs.view
-        self.counters = at(4 * (3 * R + n), (B,))
-        return at(0, (R,)), at(4 * R, (R,)), at(8 * R, (R,)), at(12 * R, (n,))
+        self.counters = at(4 * (4 * R + n), (B,))
+        return at(0, (R,)), at(4 * R, (R,)), at(8 * R, (R,)), at(12 * R, (R,)), at(16 * R, (n,))
 
     def forward(self, step: StepInputs, logits: DeviceArray | None = None) -> DeviceArray:
         """Upload the step's inputs and run it (see run_uploaded())."""
@@ -124,7 +127,7 @@ class Model:
         step.logit_rows go to rows first_seq.. of self.logits (B, V) f32, or into `logits` (n, V) f32 when
         given. Queues GPU work; does not wait."""
         c, k, R = self.config, self.kernels, step.num_rows
-        tokens, positions, slot_mapping, logit_rows = inputs
+        tokens, positions, slot_mapping, seq_slots, logit_rows = inputs
         nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
         view = self.row_view
         x, h, d = view(self.x, 0, R), view(self.h, 0, R), view(self.d, 0, R)
@@ -140,8 +143,7 @@ class Model:
             k.rope(qkv, self.cos, self.sin, positions, nh + nkv, hd)
             k_cache, v_cache = self.cache.layer(i)
             k.kv_write(qkv, k_cache, v_cache, slot_mapping, nh, nkv, hd)
-            k.attention(qkv, k_cache, v_cache, self.scores, attn, positions, step.rows_per_seq, step.first_seq,
-                        step.max_keys, nh, nkv, hd)
+            k.attention(qkv, k_cache, v_cache, self.scores, attn, positions, seq_slots, step.max_keys, nh, nkv, hd)
             self.cublas.linear(attn, w["o"], d)
             k.add_rms_norm(x, d, w["post_norm"], h, eps)          # x += attention output
             self.cublas.linear(h, w["gate_up"], gate_up)

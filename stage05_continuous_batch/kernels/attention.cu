@@ -1,8 +1,9 @@
 // attention.cu: causal self-attention with grouped-query heads over a batch's KV cache, the naive way (the
-// score matrix is materialised). The same kernel serves the batched prefill (each sequence's padded prompt rows)
-// and the batched decode (one row per sequence, over that sequence's own cache length).
+// score matrix is materialised). Rows are packed: any row may belong to any sequence, so each row says whose
+// cache it reads (seq_slots[r]). One launch serves prompt rows (whole prompts or chunks of them) and decode rows
+// (one per sequence, over that sequence's own cache length) together.
 //
-//   for row r (r < n_rows), of sequence b = first_seq + r / rows_per_seq, at position P = positions[r],
+//   for row r (r < n_rows), of the sequence in seq_slot b = seq_slots[r], at position P = positions[r],
 //   and head h, whose key/value head is g = h / (nh / nkv) (GQA: a group of query heads shares one K/V head):
 //     s_j = (q_r . K[b, j, g]) / sqrt(hd)          for j <= P
 //     p_j = exp(s_j - m) / sum_{j' <= P} exp(s_j' - m),   m = max_{j <= P} s_j      (fp32)
@@ -10,7 +11,8 @@
 //   qkv (n_rows, row_stride) bf16: the queries are the first nh heads of each row, RoPE already applied;
 //   K, V (B, max_model_len, nkv, hd) bf16: the cache, positions 0..P of every row's sequence written
 //   (kv_write.cu ran first, for this forward's rows too);
-//   scores (nh, n_rows, max_keys) fp32 scratch, max_keys > every P; row (h, r) holds p_0..p_P; out (n_rows, nh*hd).
+//   seq_slots (n_rows,) i32, each < B; scores (nh, n_rows, max_keys) fp32 scratch, max_keys > every P; row (h, r)
+//   holds p_0..p_P; out (n_rows, nh*hd).
 //
 // The causal mask and the padding mask are both the loop bound: a row attends to keys 0..P of its own
 // sequence and nothing else. Sequences sit in separate cache regions, so one never sees another's keys; a padding
@@ -36,7 +38,7 @@ extern "C" __global__ void attention_naive(const __nv_bfloat16* __restrict__ qkv
                                            const __nv_bfloat16* __restrict__ k_cache,
                                            const __nv_bfloat16* __restrict__ v_cache, float* __restrict__ scores,
                                            __nv_bfloat16* __restrict__ out, const int* __restrict__ positions,
-                                           int n_rows, int rows_per_seq, int first_seq, int max_keys,
+                                           const int* __restrict__ seq_slots, int n_rows, int max_keys,
                                            int max_model_len, int n_heads, int n_kv_heads, int head_dim,
                                            int row_stride) {
     __shared__ float q[MAX_HEAD_DIM];
@@ -44,7 +46,7 @@ extern "C" __global__ void attention_naive(const __nv_bfloat16* __restrict__ qkv
     __shared__ float scratch[32];
     const int i = blockIdx.x, h = blockIdx.y, g = h / (n_heads / n_kv_heads);
     const int last = positions[i], kv_stride = n_kv_heads * head_dim;
-    const long long seq_base = static_cast<long long>(first_seq + i / rows_per_seq) * max_model_len * kv_stride;
+    const long long seq_base = static_cast<long long>(seq_slots[i]) * max_model_len * kv_stride;
     const __nv_bfloat16* k_base = k_cache + seq_base + g * head_dim;        // K[b, j, g] = k_base + j * kv_stride
     const __nv_bfloat16* v_base = v_cache + seq_base + g * head_dim;
     float* p = scores + (static_cast<long long>(h) * n_rows + i) * max_keys;

@@ -51,6 +51,7 @@ def test_prefill_splits_into_groups_that_fit_rows_and_scores():
     steps = batch(*seqs).prefill_groups(max_rows=8, score_capacity=100)     # 8 rows: 2 sequences of <= 4
     assert [(s.first_seq, s.rows_per_seq, s.num_rows) for s in steps] == [(0, 4, 8), (2, 4, 8), (4, 1, 1)]
     assert steps[1].slot_mapping.tolist()[:3] == [2 * L, 2 * L + 1, 2 * L + 2]   # seq_slot 2's region
+    assert steps[1].seq_slots.tolist() == [2] * 4 + [3] * 4                  # what attention reads per row
     steps = batch(*seqs).prefill_groups(max_rows=100, score_capacity=40)    # 40 scores: 2 x 4 x 4
     assert [s.first_seq for s in steps] == [0, 2, 4]
     with pytest.raises(ValueError, match="a 4-token prompt"):

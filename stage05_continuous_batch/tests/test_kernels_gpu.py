@@ -141,7 +141,8 @@ def run_attention(kernels, rng, lengths, rows_per_seq, nh, nkv, hd, max_len, fir
     max_keys = int(positions.max()) + 1
     scores = poisoned(gpu, (nh * R * max_keys,), "f32")
     out = poisoned(gpu, (R, nh * hd))
-    kernels.attention(qkv, k_cache, v_cache, scores, out, gpu.to_device(positions), rows_per_seq, first_seq,
+    seq_slots = (first_seq + np.arange(R) // rows_per_seq).astype(np.int32)
+    kernels.attention(qkv, k_cache, v_cache, scores, out, gpu.to_device(positions), gpu.to_device(seq_slots),
                       max_keys, nh, nkv, hd)
     got, got_p = read(gpu, out), read(gpu, scores).reshape(nh, R, max_keys)
     q = qkvf[:, :nh * hd].reshape(R, nh, hd)
@@ -188,6 +189,36 @@ def test_attention_is_stable_for_huge_scores(kernels, rng):
     run_attention(kernels, rng, [40, 13], 40, 4, 2, 64, max_len=48, scale=30)   # scores ~ 1e4: exp overflows
 
 
+def test_packed_rows_of_many_sequences_in_one_launch(kernels, rng):
+    """Rows of four sequences interleaved as a continuous batch packs them: a decode row of seq_slot 3, a whole
+    6-token prompt in seq_slot 0, a decode row of seq_slot 1, and the second chunk (positions 4..8) of a prompt
+    in seq_slot 2. Each row attends over its own sequence's cache only, keys 0..its position."""
+    gpu = kernels.gpu
+    nh, nkv, hd, B, max_len = 8, 2, 64, 5, 40
+    chunks = [(3, [30]), (0, list(range(6))), (1, [11]), (2, list(range(4, 9)))]   # (seq_slot, positions)
+    seq_slots = np.concatenate([[b] * len(ps) for b, ps in chunks]).astype(np.int32)
+    positions = np.concatenate([ps for _, ps in chunks]).astype(np.int32)
+    R = len(positions)
+    qkv, qkvf = bf16(gpu, rng.normal(0, 1.5, (R, (nh + 2 * nkv) * hd)))
+    k_cache, kf = bf16(gpu, rng.normal(0, 1.5, (B, max_len, nkv, hd)))
+    v_cache, vf = bf16(gpu, rng.normal(0, 1.5, (B, max_len, nkv, hd)))
+    slot_mapping = seq_slots * max_len + positions
+    kernels.kv_write(qkv, k_cache, v_cache, gpu.to_device(slot_mapping), nh, nkv, hd)
+    kf.reshape(-1, nkv, hd)[slot_mapping] = qkvf[:, nh * hd:(nh + nkv) * hd].reshape(R, nkv, hd)
+    vf.reshape(-1, nkv, hd)[slot_mapping] = qkvf[:, (nh + nkv) * hd:].reshape(R, nkv, hd)
+    max_keys = int(positions.max()) + 1
+    out = poisoned(gpu, (R, nh * hd))
+    kernels.attention(qkv, k_cache, v_cache, poisoned(gpu, (nh * R * max_keys,), "f32"), out,
+                      gpu.to_device(positions), gpu.to_device(seq_slots), max_keys, nh, nkv, hd)
+    got, q = read(gpu, out), qkvf[:, :nh * hd].reshape(R, nh, hd)
+    first = 0
+    for b, ps in chunks:
+        rows = slice(first, first + len(ps))
+        want, _ = attention_reference(q[rows], kf[b], vf[b], positions[rows])
+        assert rel_l2(got[rows], want) < 1e-2, f"seq_slot {b}"
+        first += len(ps)
+
+
 def test_a_real_row_does_not_depend_on_padding_rows(kernels, rng):
     """Two prefills of the same padded batch whose padding rows hold different values: every real row's
     output is bit for bit the same."""
@@ -206,8 +237,9 @@ def test_a_real_row_does_not_depend_on_padding_rows(kernels, rng):
         cache = [poisoned(gpu, (2, max_len, nkv, hd)) for _ in range(2)]
         kernels.kv_write(qkv, *cache, gpu.to_device(slot_mapping), nh, nkv, hd)
         out = poisoned(gpu, (2 * T, nh * hd))
-        kernels.attention(qkv, *cache, gpu.empty((nh * 2 * T * T,), "f32"), out, gpu.to_device(positions), T, 0,
-                          T, nh, nkv, hd)
+        seq_slots = gpu.to_device((np.arange(2 * T) // T).astype(np.int32))
+        kernels.attention(qkv, *cache, gpu.empty((nh * 2 * T * T,), "f32"), out, gpu.to_device(positions),
+                          seq_slots, T, nh, nkv, hd)
         outs.append(gpu.to_host(out))
     assert np.array_equal(outs[0][real], outs[1][real])
 
@@ -218,9 +250,9 @@ def test_launchers_reject_bad_shapes(kernels):
         kernels.rms_norm(gpu.empty((3, 8), "bf16"), gpu.empty((9,), "bf16"), gpu.empty((3, 8), "bf16"), 1e-5)
     cache = gpu.empty((2, 4, 1, 8), "bf16")
     positions = gpu.empty((3,), "i32")
-    with pytest.raises(ValueError, match="attention"):                        # 5 keys > 4 positions a slot
+    with pytest.raises(ValueError, match="attention"):                        # 5 keys > 4 positions a region
         kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((300,), "f32"),
-                          gpu.empty((3, 16), "bf16"), positions, 1, 0, 5, 2, 1, 8)
-    with pytest.raises(ValueError, match="attention"):                        # 3 sequences from seq_slot 0 > 2
+                          gpu.empty((3, 16), "bf16"), positions, positions, 5, 2, 1, 8)
+    with pytest.raises(ValueError, match="attention"):                        # a seq_slot for 2 of the 3 rows
         kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((300,), "f32"),
-                          gpu.empty((3, 16), "bf16"), positions, 1, 0, 4, 2, 1, 8)
+                          gpu.empty((3, 16), "bf16"), positions, gpu.empty((2,), "i32"), 4, 2, 1, 8)
