@@ -137,14 +137,18 @@ class Kernels:
                         np.int32(head_dim), np.int32(stride))
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
-               seed: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:
-        """out[b] = the next token of row b of logits (B, V) f32: argmax where temperature[b] == 0, else a draw
-        from softmax(logits[b] / temperature[b]) cut to top_k[b] / top_p[b], with the counter-based generator
-        (seed[b], counter[b]). temperature, top_p (B,) f32; top_k, counter, out (B,) i32; seed (B,) u64."""
-        B, V = logits.shape
-        _expect("sample", logits.dtype == "f32" and out.dtype == "i32" and out.shape == counter.shape == (B,)
+               seed: DeviceArray, param_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:
+        """out[r] = the next token of row r of logits (n, V) f32, with the parameters of seq_slot s =
+        param_slots[r]: argmax where temperature[s] == 0, else a draw from softmax(logits[r] / temperature[s])
+        cut to top_k[s] / top_p[s], with the counter-based generator (seed[s], counter[r]). Per seq_slot (S,):
+        temperature, top_p f32, top_k i32, seed u64; per row (n,): param_slots (each < S), counter, out i32."""
+        n, V = logits.shape
+        S = temperature.shape[0]
+        _expect("sample", logits.dtype == "f32" and out.dtype == "i32"
+                and out.shape == counter.shape == param_slots.shape == (n,)
                 and temperature.dtype == top_p.dtype == "f32" and top_k.dtype == counter.dtype == "i32"
-                and seed.dtype == "u64" and temperature.shape == top_p.shape == top_k.shape == seed.shape == (B,),
-                logits, temperature, top_k, top_p, seed, counter, out)
-        self.gpu.launch(self._sample, self._config("sample", B, SAMPLER_THREADS), logits.arg, np.int32(V),
-                        temperature.arg, top_k.arg, top_p.arg, seed.arg, counter.arg, out.arg)
+                and param_slots.dtype == "i32" and seed.dtype == "u64"
+                and temperature.shape == top_p.shape == top_k.shape == seed.shape == (S,),
+                logits, temperature, top_k, top_p, seed, param_slots, counter, out)
+        self.gpu.launch(self._sample, self._config("sample", n, SAMPLER_THREADS), logits.arg, np.int32(V),
+                        temperature.arg, top_k.arg, top_p.arg, seed.arg, param_slots.arg, counter.arg, out.arg)

@@ -61,6 +61,7 @@ class Model:
         self.scores = gpu.empty((nh * self.score_capacity,), "f32")
         self.logits = gpu.empty((B, c.vocab_size), "f32")   # each sequence's newest, for sampling
         self.next_ids = gpu.empty((B,), "i32")              # the sampler's choices
+        self.row_slots = gpu.to_device(np.arange(B, dtype=np.int32))   # a static batch: logits row b is seq_slot b
         # the batch's sampling parameters, one upload per batch: seed u64 | temperature f32 | top_k i32 | top_p f32
         self.sampling = gpu.empty((20 * B,), "u8")
         self.seed, self.temperature = self.sampling.view(0, (B,), "u64"), self.sampling.view(8 * B, (B,), "f32")
@@ -161,9 +162,10 @@ class Model:
     def queue_sample(self, n: int) -> DeviceArray:
         """Queue the sampler over the batch's first n logits rows, each with its sequence's parameters and the
         last upload's counters; returns the (n,) i32 device array it writes."""
-        first = [a.view(0, (n,)) for a in (self.temperature, self.top_k, self.top_p, self.seed, self.next_ids)]
-        self.kernels.sample(self.row_view(self.logits, 0, n), *first[:4], self.counters, first[4])
-        return first[4]
+        out = self.next_ids.view(0, (n,))
+        self.kernels.sample(self.row_view(self.logits, 0, n), self.temperature, self.top_k, self.top_p, self.seed,
+                            self.row_slots.view(0, (n,)), self.counters, out)
+        return out
 
     def sample(self, n: int) -> np.ndarray:
         """Each of the batch's n sequences' next token: (n,) int32 on the host (waits for the GPU)."""

@@ -1,11 +1,13 @@
 // sampling.cu: the next token of every sequence of a batch, on the GPU; only the chosen ids (4 bytes each) leave
-// it. Each row has its own parameters (temperature, top_k, top_p, seed, counter): one block per row.
+// it. Each row samples with its sequence's parameters (temperature, top_k, top_p, seed), kept per seq_slot and
+// written once when the sequence is admitted: row r reads them at param_slots[r]; its counter is counters[r].
 //
 //   greedy (temperature == 0):  token = argmax_i l_i, the first index on ties
 //   otherwise:                  q_i = exp((l_i - max l) / T)                      (softmax(l / T), unnormalised)
 //     kept set S: the most likely tokens, at most top_k of them (0 = no limit), and no more than the smallest
 //                 such prefix whose probability reaches top_p;  token ~ q_i / sum_{j in S} q_j over S
-//   logits (B, V) fp32; temperature, top_p (B,) fp32; top_k, counter (B,) int32; seed (B,) uint64; out (B,) int32.
+//   logits (n, V) fp32; per seq_slot (S,): temperature, top_p fp32, top_k int32, seed uint64; per row (n,):
+//   param_slots (each < S), counter, out int32.
 //
 // Finding S without sorting V = 128256 values: S is every token whose logit is >= a cutoff c, and c is the
 // largest value for which  count(l >= c) >= top_k  or  mass(l >= c) >= top_p * sum_i q_i  still holds (both
@@ -19,7 +21,7 @@
 // exceeds u * mass(S): each thread owns a contiguous chunk of the row, a block scan gives every chunk its
 // starting mass, and the one chunk that holds the target walks its elements.
 //
-// Launch: grid B, block 1024 (THREADS); block b samples row b. The row is read from L2 once per pass. Greedy is
+// Launch: grid n, block 1024 (THREADS); block r samples row r. The row is read from L2 once per pass. Greedy is
 // one pass, so a batch's greedy rows cost little next to its sampled ones.
 #include "block_reduce.cuh"
 
@@ -41,16 +43,17 @@ __device__ float uniform01(unsigned long long seed, unsigned long long counter) 
 extern "C" __global__ void sample_tokens(const float* __restrict__ all_logits, int vocab,
                                          const float* __restrict__ temperatures, const int* __restrict__ top_ks,
                                          const float* __restrict__ top_ps, const unsigned long long* __restrict__ seeds,
-                                         const int* __restrict__ counters, int* __restrict__ out_ids) {
+                                         const int* __restrict__ param_slots, const int* __restrict__ counters,
+                                         int* __restrict__ out_ids) {
     __shared__ float scratch[32];
     __shared__ int iscratch[32];
     __shared__ float chunk_start[THREADS];
     __shared__ int chosen;
-    const int tid = threadIdx.x, row = blockIdx.x;
+    const int tid = threadIdx.x, row = blockIdx.x, ps = param_slots[row];
     const float* logits = all_logits + static_cast<long long>(row) * vocab;
-    const float temperature = temperatures[row], top_p = top_ps[row];
-    const int top_k = top_ks[row];
-    const unsigned long long seed = seeds[row], counter = static_cast<unsigned long long>(counters[row]);
+    const float temperature = temperatures[ps], top_p = top_ps[ps];
+    const int top_k = top_ks[ps];
+    const unsigned long long seed = seeds[ps], counter = static_cast<unsigned long long>(counters[row]);
     int* out = out_ids + row;
 
     float lmax = NEG_INF;

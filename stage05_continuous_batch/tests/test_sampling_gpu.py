@@ -9,16 +9,18 @@ from common.reference import softmax
 pytestmark = pytest.mark.gpu
 
 
-def launch(kernels, logits, temperature, top_k, top_p, seed, counter):
-    """One launch over the rows of logits (B, V), each with its own parameters (sequences of length B)."""
+def launch(kernels, logits, temperature, top_k, top_p, seed, counter, param_slots=None):
+    """One launch over the rows of logits (n, V). The parameter sequences are per seq_slot; row r uses seq_slot
+    param_slots[r] (default: row r's own, r)."""
     gpu = kernels.gpu
-    B = len(logits)
-    out = gpu.empty((B,), "i32")
+    n = len(logits)
+    out = gpu.empty((n,), "i32")
     gpu.fill_bytes(out, 0xFF)
+    slots = np.arange(n) if param_slots is None else param_slots
     kernels.sample(gpu.to_device(np.asarray(logits, np.float32)),
                    *(gpu.to_device(np.asarray(a, t)) for a, t in ((temperature, np.float32), (top_k, np.int32),
                                                                   (top_p, np.float32), (seed, np.uint64),
-                                                                  (counter, np.int32))), out)
+                                                                  (slots, np.int32), (counter, np.int32))), out)
     return gpu.to_host(out)
 
 
@@ -110,3 +112,21 @@ def test_temperature_sampling_matches_softmax(sampler):
     assert chi2 < 24.32, (chi2, observed, expected.round())
     wrong = n * softmax(logits.astype(np.float64))                            # T ignored: clearly rejected
     assert float(((observed - wrong) ** 2 / wrong).sum()) > 100
+
+
+def test_each_row_samples_with_its_seq_slots_parameters(kernels):
+    """Parameters live per seq_slot; rows name theirs in any order (packed rows of a continuous batch): the
+    draws equal those of rows that carry the same parameters directly."""
+    rng = np.random.default_rng(11)
+    n, S, V = 6, 9, 5000
+    logits = rng.normal(0, 3, (n, V))
+    temperature = rng.choice([0.0, 0.7, 1.5], S)
+    top_k, top_p = rng.integers(0, 50, S), rng.uniform(0.5, 1.0, S)
+    seed = rng.integers(0, 2**63, S, dtype=np.uint64)
+    slots = rng.permutation(S)[:n]
+    counters = rng.integers(0, 100, n)
+    by_slot = launch(kernels, logits, temperature, top_k, top_p, seed, counters, param_slots=slots)
+    direct = launch(kernels, logits, temperature[slots], top_k[slots], top_p[slots], seed[slots], counters)
+    assert np.array_equal(by_slot, direct)
+    greedy = temperature[slots] == 0.0
+    assert np.array_equal(by_slot[greedy], logits[greedy].argmax(-1))
