@@ -83,6 +83,7 @@ def agreement_line(got_logits: np.ndarray, want_logits: np.ndarray, step: int | 
     """The test's printout: equal tokens, decided steps, where the runs parted and how decided that was."""
     decided = decided_steps(got_logits, want_logits)
     part = "" if step is None else f"; parted at step {step}, margin {top1_margin(want_logits[step]):.3f} std"
+    bound = flip_bound(got_logits, want_logits)
     return (f"equal for {n if step is None else step} of {n} tokens; {int(decided.sum())} of {len(decided)} steps "
-            f"decided (flip bound {flip_bound(got_logits, want_logits):.3g}){part}; logits rel L2 "
+            f"decided (flip bound {bound:.3g}, {bound / want_logits.std():.3f} std){part}; logits rel L2 "
             f"{rel_l2(got_logits, want_logits):.2e}, worst row {rel_l2_rows(got_logits, want_logits).max():.2e}")
