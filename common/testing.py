@@ -16,6 +16,8 @@ engine's logits along the earlier run's tokens (teacher-forced):
   2. the runs are equal token for token up to their first divergence, which must be at an undecided step;
   3. there, each engine's own logits prefer its own token (to within the flip bound: the teacher-forced path may
      round unlike the generating one), so the runs part only because their logits differ.
+The bound grows with the measured difference, so the rule is only as strict as that difference is small: the
+caller asserts the logits tolerance (rel_l2 < 2e-2) first. tests/test_greedy_rule.py shows each rule failing.
 """
 from __future__ import annotations
 
