@@ -1,4 +1,5 @@
-"""What generate() returns for each prompt, the same in every stage (vLLM's RequestOutput, flattened)."""
+"""What generate() returns for each prompt, and step() for each request that advanced, the same in every stage
+(vLLM's RequestOutput, flattened: cumulative tokens and text, plus the step's delta)."""
 from __future__ import annotations
 
 import time
@@ -7,11 +8,14 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RequestOutput:
-    request_id: int
+    request_id: int | str
     prompt_token_ids: list[int]
     token_ids: list[int]          # generated tokens only (a stop token that ended the request is included)
     text: str                     # the generated tokens detokenised, special tokens skipped
-    finish_reason: str | None     # "stop" (a stop id), "length" (max_tokens or max_model_len) or None (running)
+    finish_reason: str | None     # "stop" (a stop id), "length" (max_tokens or max_model_len), "abort", or None
+    #                               while running
+    new_token_ids: list[int] = field(default_factory=list)   # step(): the tokens this step added
+    text_delta: str = ""          # step(): the text they completed (a partial UTF-8 character waits for the next)
 
     @property
     def finished(self) -> bool:

@@ -5,6 +5,10 @@ Notation: T tokens, H hidden, nh query heads, nkv key/value heads, hd head_dim, 
 """
 from __future__ import annotations
 
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from common.checkpoint import Checkpoint
@@ -92,10 +96,30 @@ def sample_reference(logits: np.ndarray, params: SamplingParams, rng: np.random.
     return int(rng.choice(kept, p=probs[kept] / probs[kept].sum()))
 
 
-class ReferenceEngine:
-    """The stage API on the numpy model, no cache: each step re-runs the whole sequence. Slow, obviously right."""
+@dataclass(eq=False)
+class _Request:
+    """A request the step API holds: its tokens so far, its generator, its clock and its text stream."""
 
-    def __init__(self, model: str, max_model_len: int | None = None):
+    request_id: int | str
+    prompt: list[int]
+    params: SamplingParams
+    stop: frozenset[int]
+    rng: np.random.Generator
+    timing: Timing
+    text: object                                   # the tokenizer's DetokenizeStream
+    new: list[int] = field(default_factory=list)
+    detokenised: str = ""
+
+
+class ReferenceEngine:
+    """The stage API on the numpy model, no cache: each step re-runs the whole sequence. Slow, obviously right.
+
+    Also the step API a server drives (vLLM's LLMEngine shape), so that common.serve runs on any machine:
+    add_request() validates and queues; step() gives every running request one token (admitting waiting ones,
+    first come first served, up to max_num_seqs) and returns a RequestOutput for each; abort_request() drops a
+    request at once (an unknown or finished id is a no-op)."""
+
+    def __init__(self, model: str, max_model_len: int | None = None, max_num_seqs: int = 8):
         from common.synthetic import resolve_model
 
         folder = resolve_model(model)
@@ -105,6 +129,12 @@ class ReferenceEngine:
         self.prompts = PromptPreparer(folder, self.checkpoint.config, max_model_len)
         self.max_model_len = self.prompts.max_model_len
         self.timings: list[Timing] = []                    # one per request of the last generate()
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs!r} must be an integer >= 1")
+        self.max_num_seqs = max_num_seqs
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._next_id = itertools.count()
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         requests = self.prompts.requests(prompts, params)
@@ -128,6 +158,53 @@ class ReferenceEngine:
             new.append(tok)
             reason = self.prompts.finish_reason(new, len(seq), params, stop)
             yield tok, reason
+
+
+    # ------------------------------------------------------------------ the step API
+    def add_request(self, prompt, params: SamplingParams, request_id: int | str | None = None) -> int | str:
+        """Validate and queue one request; returns its id. A bad prompt, params or id raises here, and nothing
+        is queued."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
+        ids = self.prompts.encode(prompt)
+        if request_id is None:
+            request_id = f"req-{next(self._next_id)}"
+        if any(r.request_id == request_id for r in (*self._waiting, *self._running)):
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        self._waiting.append(_Request(request_id, ids, params, self.prompts.stop_ids(params),
+                                      np.random.default_rng(params.seed), Timing(len(ids)),
+                                      self.prompts.tokenizer.stream()))
+        return request_id
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def abort_request(self, request_id) -> None:
+        for queue in (self._waiting, self._running):
+            for r in list(queue):
+                if r.request_id == request_id:
+                    queue.remove(r)
+
+    def step(self) -> list[RequestOutput]:
+        """One token for every running request (after admitting waiting ones); a RequestOutput for each."""
+        while self._waiting and len(self._running) < self.max_num_seqs:
+            self._running.append(self._waiting.popleft())
+        outs = []
+        for r in list(self._running):
+            seq = r.prompt + r.new
+            tok = sample_reference(self.model.last_logits(seq), r.params, r.rng)
+            r.timing.tick()
+            r.new.append(tok)
+            delta = r.text.step(tok)
+            r.detokenised += delta
+            reason = self.prompts.finish_reason(r.new, len(seq) + 1, r.params, r.stop)
+            if reason is not None:   # the last delta flushes what the stream held back (a partial character)
+                self._running.remove(r)
+                full = self.prompts.tokenizer.decode(r.new)
+                delta += full[len(r.detokenised):] if full.startswith(r.detokenised) else ""
+                r.detokenised = full
+            outs.append(RequestOutput(r.request_id, r.prompt, list(r.new), r.detokenised, reason, [tok], delta))
+        return outs
 
 
 Engine = ReferenceEngine   # the name the benchmark harness loads (`python -m common.bench --stages numpy,02`)
