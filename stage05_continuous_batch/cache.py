@@ -20,6 +20,37 @@ def kv_cache_bytes(config: LlamaConfig, max_model_len: int, max_batch_size: int 
             * config.head_dim * 2)
 
 
+MAX_NUM_SEQS = 256   # vLLM's default ceiling on sequences in flight
+
+
+def plan_num_seqs(config: LlamaConfig, max_model_len: int, total_bytes: int, used_bytes: int,
+                  activation_bytes: int, gpu_memory_utilization: float = 0.9,
+                  max_num_seqs: int | None = None) -> int:
+    """How many seq_slots of max_model_len positions the KV cache gets, as vLLM sizes it: the device's total
+    memory times gpu_memory_utilization, less what is in use already (the weights, the context) and what the
+    activations will take; then up to MAX_NUM_SEQS of them, or exactly `max_num_seqs` when asked. A
+    configuration that cannot fit is refused here, naming the figures to lower, before anything is allocated."""
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization!r} must be in (0, 1]")
+    per_seq = kv_cache_bytes(config, max_model_len)
+    budget = int(total_bytes * gpu_memory_utilization) - used_bytes - activation_bytes
+    fits = max(budget, 0) // per_seq
+    why = (f"{max(budget, 0) / 2**30:.2f} GiB are left for the KV cache (gpu_memory_utilization="
+           f"{gpu_memory_utilization} of {total_bytes / 2**30:.1f} GiB, less {used_bytes / 2**30:.2f} GiB in use "
+           f"and {activation_bytes / 2**30:.2f} GiB of activations), {per_seq / 2**20:.0f} MiB per sequence of "
+           f"max_model_len={max_model_len}")
+    if max_num_seqs is not None:
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs!r} must be an integer >= 1")
+        if max_num_seqs > fits:
+            raise MemoryError(f"max_num_seqs={max_num_seqs} does not fit: {why}, so at most {fits}; lower "
+                              "max_num_seqs or max_model_len, or raise gpu_memory_utilization")
+        return max_num_seqs
+    if fits < 1:
+        raise MemoryError(f"not even one sequence fits: {why}; lower max_model_len or raise gpu_memory_utilization")
+    return min(fits, MAX_NUM_SEQS)
+
+
 class KVCache:
     def __init__(self, config: LlamaConfig, max_batch_size: int, max_model_len: int, gpu: Gpu):
         self.config, self.max_batch_size, self.max_model_len = config, max_batch_size, max_model_len
