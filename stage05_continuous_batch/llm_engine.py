@@ -1,0 +1,106 @@
+"""The continuous-batching loop, vLLM's LLMEngine shape: requests in, one planned forward a step, tokens out.
+
+    add_request(prompt, params, request_id=None) -> id     validated at once; queued (WAITING)
+    step() -> list[RequestOutput]                           schedule, pack, run the forward, record the tokens
+    abort_request(id)                                       frees its seq_slot now; an unknown id is a no-op
+    has_unfinished_requests()
+    generate(prompts, params) / stream(prompt, params)      built on the four above
+
+The loop knows nothing of the GPU: a runner does the forward (`runner.admit(seq)` writes a newly admitted
+sequence's sampling parameters into its seq_slot; `runner.run(step_inputs)` runs the packed rows and returns the
+sampled token of every logit row). The GPU runner is the model; tests/test_llm_engine_cpu.py drives this loop with
+a numpy runner on the CPU.
+"""
+from __future__ import annotations
+
+import itertools
+import secrets
+from dataclasses import replace
+
+from common.outputs import RequestOutput, Timing
+from common.prompts import PromptPreparer
+from common.sampling import SamplingParams
+
+from .packing import pack
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+
+class LLMEngine:
+    def __init__(self, runner, prompts: PromptPreparer, max_num_seqs: int, max_num_batched_tokens: int):
+        self.runner, self.prompts, self.tokenizer = runner, prompts, prompts.tokenizer
+        self.max_model_len = prompts.max_model_len
+        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens)
+        self._auto_ids = itertools.count()
+        self._live: dict = {}          # request id -> (Sequence, its text stream, the text streamed so far)
+
+    # ------------------------------------------------------------------ the step API
+    def add_request(self, prompt, params: SamplingParams, request_id=None):
+        """Validate and queue one request; returns its id. A bad prompt, params or id raises here, and the
+        engine is left as it was."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
+        ids = self.prompts.encode(prompt)
+        if request_id is None:
+            request_id = f"req-{next(self._auto_ids)}"
+        if request_id in self._live:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        seq = Sequence(request_id, ids, params, self.prompts.stop_ids(params), seed, Timing(len(ids)))
+        self._live[request_id] = [seq, self.tokenizer.stream(), ""]
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort_request(self, request_id) -> None:
+        if self.scheduler.abort(request_id) is not None:
+            del self._live[request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            return []
+        for c in plan.chunks:
+            if c.start == 0:                       # its first chunk: admitted in this schedule()
+                self.runner.admit(c.seq)
+        sampled = self.runner.run(pack(plan, self.max_model_len))
+        outs = []
+        for seq in self.scheduler.update(plan, sampled, self._finish_reason):
+            entry = self._live[seq.request_id]
+            delta = entry[1].step(seq.new[-1])
+            entry[2] += delta
+            if seq.finished:                       # the full text; its last delta flushes a held-back character
+                full = self.tokenizer.decode(seq.new)
+                delta += full[len(entry[2]):] if full.startswith(entry[2]) else ""
+                entry[2] = full
+                del self._live[seq.request_id]
+            outs.append(RequestOutput(seq.request_id, seq.prompt, list(seq.new), entry[2], seq.finish_reason,
+                                      [seq.new[-1]], delta))
+        return outs
+
+    def _finish_reason(self, seq: Sequence) -> str | None:
+        return self.prompts.finish_reason(seq.new, seq.length, seq.params, seq.stop)
+
+    # ------------------------------------------------------------------ built on it
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        """Every prompt to completion; outputs in prompt order. Every prompt is validated before any runs."""
+        requests = self.prompts.requests(prompts, params)
+        ids = [self.add_request(p, sp) for p, sp in requests]
+        done: dict = {}
+        while len(done) < len(ids) and self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [replace(done[rid], request_id=i) for i, rid in enumerate(ids)]   # ids as every stage's: 0..n-1
+
+    def stream(self, prompt, params: SamplingParams):
+        """Yield (token id, finish reason or None) as each new token of one request is chosen."""
+        rid = self.add_request(prompt, params)
+        while rid in self._live:                   # an abort from elsewhere ends the stream
+            for out in self.step():
+                if out.request_id == rid:
+                    yield out.new_token_ids[0], out.finish_reason
+                    if out.finished:
+                        return
