@@ -78,6 +78,11 @@ class StepInputs:
         return self.first_seq + np.arange(self.num_rows, dtype=np.int32) // self.rows_per_seq
 
     @property
+    def logit_seq_slots(self) -> np.ndarray:
+        """(n,) the seq_slot of every logit row: logits row first_seq + i is sequence first_seq + i's."""
+        return self.first_seq + np.arange(len(self.logit_rows), dtype=np.int32)
+
+    @property
     def max_keys(self) -> int:
         """Keys the longest row attends to: the width of its attention score row."""
         return int(self.positions.max()) + 1

@@ -47,8 +47,8 @@ class Model:
         self.qkv_width = (nh + 2 * nkv) * hd
         self.cache = KVCache(c, B, L, gpu)                  # first: the one allocation that grows with B x L
         # ---- every activation, allocated once for R rows (shapes per row)
-        self.inputs = gpu.empty((5 * R + B,), "i32")        # one step's tokens | positions | slot_mapping |
-        #                                                     seq_slots | logit rows | counters, in one copy
+        self.inputs = gpu.empty((6 * R + B,), "i32")        # one step's tokens | positions | slot_mapping |
+        #                           seq_slots | logit rows | their seq_slots | counters, uploaded in one copy
         self.x = gpu.empty((R, H), "bf16")                  # residual stream
         self.h = gpu.empty((R, H), "bf16")                  # normed input of the next GEMM
         self.qkv = gpu.empty((R, self.qkv_width), "bf16")
@@ -64,6 +64,7 @@ class Model:
         self.row_slots = gpu.to_device(np.arange(B, dtype=np.int32))   # a static batch: logits row b is seq_slot b
         # the batch's sampling parameters, one upload per batch: seed u64 | temperature f32 | top_k i32 | top_p f32
         self.sampling = gpu.empty((20 * B,), "u8")
+        self._sampling_host = np.zeros(20 * B, np.uint8)   # its host mirror: one seq_slot is rewritten at a time
         self.seed, self.temperature = self.sampling.view(0, (B,), "u64"), self.sampling.view(8 * B, (B,), "f32")
         self.top_k, self.top_p = self.sampling.view(12 * B, (B,), "i32"), self.sampling.view(16 * B, (B,), "f32")
         self.counters = self.inputs.view(0, (B,))           # set by each forward's upload
@@ -93,11 +94,22 @@ class Model:
     def set_sampling(self, seqs) -> None:
         """The batch's per-sequence sampling parameters (batch.Sequence), row b for sequence b."""
         B, n = self.max_batch_size, len(seqs)
-        host = np.zeros(20 * B, np.uint8)
+        host = self._sampling_host
+        host[:] = 0
         host[:8 * n].view(np.uint64)[:] = [s.seed for s in seqs]
         host[8 * B:8 * B + 4 * n].view(np.float32)[:] = [s.params.temperature for s in seqs]
         host[12 * B:12 * B + 4 * n].view(np.int32)[:] = [s.params.top_k for s in seqs]
         host[16 * B:16 * B + 4 * n].view(np.float32)[:] = [s.params.top_p for s in seqs]
+        self._copy_in(self.sampling, host)
+
+    def set_params(self, seq_slot: int, params, seed: int) -> None:
+        """One sequence's sampling parameters into its seq_slot, written when it is admitted (continuous batching:
+        the other seq_slots keep theirs)."""
+        B, host = self.max_batch_size, self._sampling_host
+        host[8 * seq_slot:8 * seq_slot + 8].view(np.uint64)[0] = seed
+        host[8 * B + 4 * seq_slot:8 * B + 4 * seq_slot + 4].view(np.float32)[0] = params.temperature
+        host[12 * B + 4 * seq_slot:12 * B + 4 * seq_slot + 4].view(np.int32)[0] = params.top_k
+        host[16 * B + 4 * seq_slot:16 * B + 4 * seq_slot + 4].view(np.float32)[0] = params.top_p
         self._copy_in(self.sampling, host)
 
     def upload_step(self, step: StepInputs) -> tuple[DeviceArray, ...]:
@@ -114,9 +126,11 @@ class Model:
             raise ValueError(f"seq_slots {step.seq_slots.min()}..{step.seq_slots.max()} outside the "
                              f"{self.max_batch_size} the cache holds")
         self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.seq_slots,
-                                                  step.logit_rows, step.counters]).astype(np.int32))
+                                                  step.logit_rows, step.logit_seq_slots, step.counters]
+                                                 ).astype(np.int32))
         at = self.inputs.view
-        self.counters = at(4 * (4 * R + n), (B,))
+        self.logit_seq_slots = at(4 * (4 * R + n), (n,))
+        self.counters = at(4 * (4 * R + 2 * n), (B,))
         return at(0, (R,)), at(4 * R, (R,)), at(8 * R, (R,)), at(12 * R, (R,)), at(16 * R, (n,))
 
     def forward(self, step: StepInputs, logits: DeviceArray | None = None) -> DeviceArray:
@@ -152,6 +166,8 @@ class Model:
             self.cublas.linear(act, w["down"], d)
         k.add_rms_norm(x, d, self.weights["model.norm.weight"], h, eps)
         n = len(step.logit_rows)
+        if n == 0:                                   # a step of prompt chunks that complete no prompt
+            return self.row_view(self.logits, 0, 0)
         chosen = view(self.d, 0, n)                  # d is free again: it takes the rows whose logits are wanted
         k.embedding(logit_rows, h, chosen)           # a row gather, which is what the embedding kernel does
         if logits is None:                           # (n, V) of the (B, V) buffer, or the caller's
@@ -165,6 +181,14 @@ class Model:
         out = self.next_ids.view(0, (n,))
         self.kernels.sample(self.row_view(self.logits, 0, n), self.temperature, self.top_k, self.top_p, self.seed,
                             self.row_slots.view(0, (n,)), self.counters, out)
+        return out
+
+    def queue_sample_rows(self, n: int) -> DeviceArray:
+        """Queue the sampler over the first n logits rows of a packed step, row i with the parameters of the
+        seq_slot the last upload gave it (logit_seq_slots) and its counter; returns the (n,) i32 it writes."""
+        out = self.next_ids.view(0, (n,))
+        self.kernels.sample(self.row_view(self.logits, 0, n), self.temperature, self.top_k, self.top_p, self.seed,
+                            self.logit_seq_slots, self.counters, out)
         return out
 
     def sample(self, n: int) -> np.ndarray:
