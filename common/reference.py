@@ -108,7 +108,6 @@ class _Request:
     timing: Timing
     text: object                                   # the tokenizer's DetokenizeStream
     new: list[int] = field(default_factory=list)
-    detokenised: str = ""
 
 
 class ReferenceEngine:
@@ -196,14 +195,11 @@ class ReferenceEngine:
             r.timing.tick()
             r.new.append(tok)
             delta = r.text.step(tok)
-            r.detokenised += delta
             reason = self.prompts.finish_reason(r.new, len(seq) + 1, r.params, r.stop)
             if reason is not None:   # the last delta flushes what the stream held back (a partial character)
                 self._running.remove(r)
-                full = self.prompts.tokenizer.decode(r.new)
-                delta += full[len(r.detokenised):] if full.startswith(r.detokenised) else ""
-                r.detokenised = full
-            outs.append(RequestOutput(r.request_id, r.prompt, list(r.new), r.detokenised, reason, [tok], delta))
+                delta += r.text.finish(r.new)
+            outs.append(RequestOutput(r.request_id, r.prompt, list(r.new), r.text.text, reason, [tok], delta))
         return outs
 
 

@@ -58,13 +58,24 @@ class Tokenizer:
 
 class DetokenizeStream:
     """Text deltas as tokens arrive: a token that ends inside a multi-byte UTF-8 character yields "" until the
-    character completes (tokenizers' DecodeStream keeps the needed prefix)."""
+    character completes (tokenizers' DecodeStream keeps the needed prefix). `text` is what was given out so far."""
 
     def __init__(self, tok, skip_special_tokens: bool):
         from tokenizers.decoders import DecodeStream
 
-        self._tok = tok
+        self._tok, self._skip = tok, skip_special_tokens
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        self.text = ""
 
     def step(self, token_id: int) -> str:
-        return self._stream.step(self._tok, int(token_id)) or ""
+        delta = self._stream.step(self._tok, int(token_id)) or ""
+        self.text += delta
+        return delta
+
+    def finish(self, ids) -> str:
+        """At the request's end: the rest of decode(ids) that the stream still held back (a partial character
+        comes out as decode() writes it); afterwards `text` is the whole decode."""
+        full = self._tok.decode(list(ids), skip_special_tokens=self._skip)
+        rest = full[len(self.text):] if full.startswith(self.text) else ""
+        self.text = full
+        return rest

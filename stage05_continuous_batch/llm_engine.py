@@ -32,7 +32,7 @@ class LLMEngine:
         self.max_model_len = prompts.max_model_len
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens)
         self._auto_ids = itertools.count()
-        self._live: dict = {}          # request id -> (Sequence, its text stream, the text streamed so far)
+        self._live: dict = {}          # request id -> its text stream (DetokenizeStream)
 
     # ------------------------------------------------------------------ the step API
     def add_request(self, prompt, params: SamplingParams, request_id=None):
@@ -47,7 +47,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         seq = Sequence(request_id, ids, params, self.prompts.stop_ids(params), seed, Timing(len(ids)))
-        self._live[request_id] = [seq, self.tokenizer.stream(), ""]
+        self._live[request_id] = self.tokenizer.stream()
         self.scheduler.add(seq)
         return request_id
 
@@ -68,15 +68,12 @@ class LLMEngine:
         sampled = self.runner.run(pack(plan, self.max_model_len))
         outs = []
         for seq in self.scheduler.update(plan, sampled, self._finish_reason):
-            entry = self._live[seq.request_id]
-            delta = entry[1].step(seq.new[-1])
-            entry[2] += delta
-            if seq.finished:                       # the full text; its last delta flushes a held-back character
-                full = self.tokenizer.decode(seq.new)
-                delta += full[len(entry[2]):] if full.startswith(entry[2]) else ""
-                entry[2] = full
+            text = self._live[seq.request_id]
+            delta = text.step(seq.new[-1])
+            if seq.finished:                       # the last delta flushes a held-back partial character
+                delta += text.finish(seq.new)
                 del self._live[seq.request_id]
-            outs.append(RequestOutput(seq.request_id, seq.prompt, list(seq.new), entry[2], seq.finish_reason,
+            outs.append(RequestOutput(seq.request_id, seq.prompt, list(seq.new), text.text, seq.finish_reason,
                                       [seq.new[-1]], delta))
         return outs
 
