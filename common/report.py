@@ -3,8 +3,9 @@
     python -m common.report          # rewrite the README's cross-stage table and benchmarks/report.png
     python -m common.report --check  # exit 1 if either is stale (tests/test_report.py runs this)
 
-For each workload the newest GPU result of each engine is taken (by its date and start time; on one day a result
-of the current harness, which keeps every run and its time, beats an older one). The chart carries a digest of
+For each workload and engine, each figure is the newest GPU result's (by its date and start time; on one day a
+result of the current harness, which keeps every run and its time, beats an older one): a run cut off by its time
+limit keeps the figures it measured, and a later run of the lengths it missed fills in only those. The chart carries a digest of
 the figures it was drawn from in its PNG metadata, so --check needs no matplotlib and no pixel-exact redraw.
 """
 from __future__ import annotations
@@ -28,19 +29,30 @@ COLUMNS = [("latency: ms per decode step (B = 1)", "latency", "ms_per_decode_ste
            ("load: GB/s onto the GPU", "load", "load_gb_per_s", "{:.2f}")]
 
 
-def newest() -> dict[str, dict[str, tuple[dict, str]]]:
-    """workload -> engine -> (its summary, the result file's name), newest first wins."""
+def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
+    """workload -> engine -> (its figures, newest per figure, with their spreads; the files they came from)."""
     files = []
     for path in RESULTS.glob("*.json"):
         r = json.loads(path.read_text())
         if isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu"):
             files.append(((r["date"], "repeats" in r, r.get("time", ""), path.name), r, path.name))
-    out: dict[str, dict[str, tuple[dict, str]]] = {}
+    out: dict[str, dict[str, tuple[dict, list[str]]]] = {}
     for _, r, name in sorted(files, key=lambda f: f[0]):
         for engine, s in r["stages"].items():
-            if "skipped" not in s:
-                out.setdefault(r["workload"]["name"], {})[OLD_NAMES.get(engine, engine)] = (s, name)
+            if "skipped" in s:
+                continue
+            merged, names = out.setdefault(r["workload"]["name"], {}).setdefault(OLD_NAMES.get(engine, engine),
+                                                                                 ({"spread": {}}, []))
+            merged.update({k: v for k, v in s.items() if k != "spread"})
+            merged["spread"].update(s.get("spread", {}))
+            names[:] = [n for n in names if any(_drew_from(n, engine, k, merged) for k in merged)] + [name]
     return out
+
+
+def _drew_from(name: str, engine: str, key: str, merged: dict) -> bool:
+    """Whether a figure the merged summary still shows came from result file `name`."""
+    s = json.loads((RESULTS / name).read_text())["stages"].get(engine, {})
+    return key.startswith(("output_", "prefill_", "ms_", "ttft_", "load_")) and s.get(key) == merged.get(key)
 
 
 def engines(results) -> list[str]:
@@ -52,10 +64,10 @@ def engines(results) -> list[str]:
 def floor_ms(results) -> tuple[float, str] | None:
     """The batch-1 decode floor of the newest latency result: weight bytes / that run's copy bandwidth."""
     latency = results.get("latency", {})
-    for s, name in latency.values():
+    for s, names in latency.values():
         if "weight_bytes" in s:
-            env = json.loads((RESULTS / name).read_text())["environment"]
-            return s["weight_bytes"] / env["copy_bandwidth_gb_per_s"] / 1e6, name
+            env = json.loads((RESULTS / names[-1]).read_text())["environment"]
+            return s["weight_bytes"] / env["copy_bandwidth_gb_per_s"] / 1e6, names[-1]
     return None
 
 
@@ -72,8 +84,10 @@ def table() -> str:
                 why = (s or {}).get(f"unsupported_at_{key.rsplit('_', 1)[-1]}") or (s or {}).get("unsupported")
                 cells.append("unsupported" if why else "")
             else:
+                cut = s.get(f"runs_cut_at_{key.rsplit('_', 1)[-1]}")   # "1 of 3 runs: one takes ~50 s, ..."
                 cells.append(f.format(s[key]) + (f" ({f.format(spread[0])}-{f.format(spread[1])})"
-                                                 if spread and s.get("repeats", 1) > 1 else ""))
+                                                 if spread and spread[0] != spread[1] else "")
+                             + (f" ({cut.split(':')[0]})" if cut else ""))
         lines.append(f"| `{e}` | " + " | ".join(cells) + " |")
     floor = floor_ms(results)
     if floor:
@@ -84,12 +98,13 @@ def table() -> str:
               " their spread; compare within a run). From `benchmarks/results/`:"]
     for workload in dict.fromkeys(c[1] for c in cols):
         by_file: dict[str, list[str]] = {}
-        for e, (_, name) in results[workload].items():
-            by_file.setdefault(name, []).append(f"`{e}`")
+        for e, (_, names) in results[workload].items():
+            for name in names:
+                by_file.setdefault(name, []).append(f"`{e}`")
         cut = {name for name in by_file if json.loads((RESULTS / name).read_text()).get("complete") is False}
         lines.append(f"- {workload}: " + "; ".join(
-            f"{', '.join(es)} from `{name}`" + (" (a run cut off by its time limit: the engines it lists beyond these"
-                                               " were not measured)" if name in cut else "")
+            f"{', '.join(es)} from `{name}`" + (" (a run cut off by its time limit: what it had not reached is not in"
+                                               " it)" if name in cut else "")
             for name, es in by_file.items()))
     return "\n".join(lines)
 
