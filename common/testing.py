@@ -89,3 +89,15 @@ def agreement_line(got_logits: np.ndarray, want_logits: np.ndarray, step: int | 
     return (f"equal for {n if step is None else step} of {n} tokens; {int(decided.sum())} of {len(decided)} steps "
             f"decided (flip bound {bound:.3g}, {bound / want_logits.std():.3f} std){part}; logits rel L2 "
             f"{rel_l2(got_logits, want_logits):.2e}, worst row {rel_l2_rows(got_logits, want_logits).max():.2e}")
+
+
+def mixed_greedy_requests(n: int, seed: int = 0):
+    """n requests of 2..200 prompt tokens (BOS first) and 1..39 greedy ignore_eos tokens each: the cross-stage
+    agreement tests' workload, uneven both ways."""
+    from common.sampling import SamplingParams
+
+    rng = np.random.default_rng(seed)
+    prompts = [[128000] + rng.integers(0, 128000, int(rng.integers(1, 200))).tolist() for _ in range(n)]
+    params = [SamplingParams(max_tokens=int(rng.integers(1, 40)), temperature=0.0, ignore_eos=True)
+              for _ in range(n)]
+    return prompts, params

@@ -5,27 +5,17 @@ top-1 must be equal at every decided step, and the runs may part only where the 
 choice and each engine's own logits explain it (common/testing.py)."""
 import importlib
 
-import numpy as np
 import pytest
 
-from common.sampling import SamplingParams
-from common.testing import agreement_line, check_greedy, rel_l2
+from common.testing import agreement_line, check_greedy, mixed_greedy_requests, rel_l2
 
 pytestmark = pytest.mark.gpu
-
-
-def requests(n, seed=0):
-    rng = np.random.default_rng(seed)
-    prompts = [[128000] + rng.integers(0, 128000, int(rng.integers(1, 200))).tolist() for _ in range(n)]
-    params = [SamplingParams(max_tokens=int(rng.integers(1, 40)), temperature=0.0, ignore_eos=True)
-              for _ in range(n)]
-    return prompts, params
 
 
 @pytest.mark.parametrize("model, B", [("tiny_dir", 64), ("small_dir", 64), ("small_dir", 7), ("llama-3.2-1b", 32)])
 def test_every_sequence_of_a_batch_equals_stage03_alone(model, B, request):
     folder = str(request.getfixturevalue(model)) if model.endswith("_dir") else model
-    prompts, params = requests(B, seed=B)
+    prompts, params = mixed_greedy_requests(B, seed=B)
     alone = importlib.import_module("stage03_kvcache").Engine(folder, max_model_len=512)
     want = alone.generate(prompts, params)                      # stage03 runs them one after another
     want_logits = [alone.decode_logits(w.prompt_token_ids + w.token_ids[:-1], len(w.prompt_token_ids))
