@@ -27,6 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from common.bench_table import format_table, merge, spread_warnings, summarise
 from common.checkpoint import Checkpoint
 from common.measure import device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up, waste
@@ -87,7 +89,7 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
     before = device_memory_used()
     try:   # one sequence at a time for `long`: no engine needs 64 caches of 32K positions to prefill one prompt
         engine = build_engine(tag, model, max_model_len=max_model_len,
-                              **({"max_batch_size": 1} if workload == "long" else {}))
+                              **({"max_batch_size": 1, "max_num_seqs": 1} if workload == "long" else {}))
     except (MemoryError, PromptError) as e:   # GpuMemoryError, max_model_len past the model's: cannot hold it
         return {"unsupported": f"{type(e).__name__}: {e}"}
     reqs = make_requests(workload, min(engine.config.vocab_size, 128000), prompt_tokens=prompt_tokens)
@@ -118,13 +120,17 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
         steps = [s for t in timings for s in t.step_s]
         if steps:   # engines that keep per-request Timings: latency figures
             run |= {"ms_per_decode_step": 1e3 * statistics.median(steps),
+                    "itl_p99_ms": 1e3 * float(np.percentile(steps, 99)),
                     "ttft_ms": 1e3 * statistics.median(t.ttft_s for t in timings)}
+            if all(t.queue_s is not None for t in timings):   # engines that admit requests one by one
+                run["queue_ms"] = 1e3 * statistics.median(t.queue_s for t in timings)
         if workload == "growth" and steps:
             run |= growth_rates(timings)
         if workload == "long" and timings:
             run = {f"prefill_tok_per_s_at_{prompt_tokens}": prompt_tokens / timings[0].ttft_s,
                    f"ms_per_decode_step_at_{prompt_tokens}": run.get("ms_per_decode_step", float("nan"))}
         runs.append(run)
+        print(f"{tag} run {len(runs)} of {repeats}: " + json.dumps(run)[:200], file=sys.stderr, flush=True)
     after = device_memory_used()
     if workload == "long" and before is not None and after is not None:
         info[f"memory_beyond_weights_gb_at_{prompt_tokens}"] = (after - before - info["weight_bytes"]) / 1e9
@@ -188,12 +194,13 @@ def run_worker(tag: str, model: str, workload: str, repeats: int, prompt_tokens:
     cmd = [sys.executable, "-m", "common.bench", "--worker", tag, "--workload", workload, "--model", model,
            "--repeats", str(repeats), "--budget-s", str(budget_s)] + (
                ["--prompt-tokens", str(prompt_tokens)] if prompt_tokens else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # --verbose: the worker's stderr live (its per-run lines show how far a run that is cut off had got)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if verbose else subprocess.PIPE, text=True)
     if verbose:
-        sys.stderr.write(proc.stdout + proc.stderr)
+        sys.stderr.write(proc.stdout)
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
-        raise SystemExit(f"{engine_name(tag)} failed on {workload}:\n{proc.stdout}\n{proc.stderr}")
+        raise SystemExit(f"{engine_name(tag)} failed on {workload}:\n{proc.stdout}\n{proc.stderr or ''}")
     return json.loads(line[0][7:])
 
 

@@ -74,9 +74,7 @@ def generate_once(engine, prompts, params) -> tuple[float, list]:
 def waste(engine) -> dict:
     """A batching engine's counts of the last generate() (its `stats`), where it keeps them."""
     stats = getattr(engine, "stats", None)
-    if stats is None:
-        return {}
-    return {"batches": stats.batches, "slot_waste": stats.slot_waste, "padding_share": stats.padding_share}
+    return {k: getattr(stats, k) for k in ("batches", "slot_waste", "padding_share") if hasattr(stats, k)}
 
 
 def growth_rates(timings) -> dict:

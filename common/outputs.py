@@ -38,8 +38,13 @@ class Timing:
     prompt_tokens: int
     ttft_s: float | None = None                                # request start -> first new token
     step_s: list[float] = field(default_factory=list)          # each later token: time since the one before
+    queue_s: float | None = None                               # request start -> its first forward (where kept)
     start: float = field(default_factory=time.perf_counter, repr=False)
     last: float = field(default=0.0, repr=False)
+
+    def admit(self) -> None:
+        """The request leaves the waiting queue: its first rows go into a forward."""
+        self.queue_s = time.perf_counter() - self.start
 
     def tick(self) -> None:
         now = time.perf_counter()

@@ -91,14 +91,19 @@ def split_table(suffix: str, param: str, label: str) -> str:
     """The decode-step split of a pytest-benchmark file: one row per test_decode_step_split[...] case."""
     lines = []
     for date, gpu, b in pytest_bench(suffix):
+        cases = sorted((n for n in b if n.startswith("test_decode_step_split")),
+                       key=lambda n: b[n]["extra_info"][param])
+        loop = any("host_loop_ms" in b[n]["extra_info"] for n in cases)   # engines that time their own loop
         lines += [f"Measured {date} on {gpu} (`test_decode_step_split`, median of 20 steps):", "",
-                  f"| {label} | wall | GPU work alone | host time to queue it | bandwidth floor | GPU / floor |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for name in sorted((n for n in b if n.startswith("test_decode_step_split")),
-                           key=lambda n: b[n]["extra_info"][param]):
+                  f"| {label} | wall | GPU work alone | host time to queue it | "
+                  + ("the loop's host time (plan, pack, record) | " if loop else "")
+                  + "bandwidth floor | GPU / floor |",
+                  "| --- | --- | --- | --- | " + ("--- | " if loop else "") + "--- | --- |"]
+        for name in cases:
             e = b[name]["extra_info"]
             lines.append(f"| {e[param]} | {e['wall_ms']:.2f} ms | {e['gpu_ms']:.2f} ms | {e['host_queue_ms']:.2f} ms"
-                         f" | {e['bandwidth_floor_ms']:.2f} ms | {e['gpu_ms'] / e['bandwidth_floor_ms']:.1f}x |")
+                         + (f" | {e['host_loop_ms']:.2f} ms" if loop else "")
+                         + f" | {e['bandwidth_floor_ms']:.2f} ms | {e['gpu_ms'] / e['bandwidth_floor_ms']:.1f}x |")
     return "\n".join(lines)
 
 
@@ -122,7 +127,7 @@ def ragged_results() -> str:
         return "-" if x is None else f"{100 * x:.1f}%"
 
     rows = ["| date | GPU | engine | output tok/s (min-max) | runs | batches | slot waste | padding share | "
-            "ms per decode step | median time to first token |", "|" + " --- |" * 10]
+            "ms per decode step (median; p99) | median time to first token (of it, queued) |", "|" + " --- |" * 10]
     for r in _harness("ragged"):
         for name, s in r["stages"].items():
             if "output_tok_per_s" not in s:
@@ -131,7 +136,9 @@ def ragged_results() -> str:
             rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{name}` | {s['output_tok_per_s']:,.0f} "
                         f"({lo:,.0f}-{hi:,.0f}) | {s.get('repeats', 1)} | {s.get('batches', '-')} | "
                         f"{pct(s.get('slot_waste'))} | {pct(s.get('padding_share'))} | "
-                        f"{s['ms_per_decode_step']:.2f} | {s['ttft_ms'] / 1e3:.1f} s |")
+                        f"{s['ms_per_decode_step']:.2f}" + (f"; {s['itl_p99_ms']:.1f}" if "itl_p99_ms" in s else "")
+                        + f" | {s['ttft_ms'] / 1e3:.1f} s"
+                        + (f" ({s['queue_ms'] / 1e3:.1f} s)" if "queue_ms" in s else "") + " |")
     return "\n".join(rows)
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04 (pytest-benchmark files), latency, batch,
+# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05 (pytest-benchmark files), latency, batch,
 # long, long-hf-32k, ragged (the harness against the baselines), or all (default; longer than one 10-minute device call).
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
@@ -28,6 +28,7 @@ if want tests; then
   run cli-02 python3 -m stage02_forward --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-03 python3 -m stage03_kvcache --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-04 python3 -m stage04_static_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-05 python3 -m stage05_continuous_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
 if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
@@ -46,15 +47,19 @@ if want bench04; then
   run bench-batch python3 -m pytest stage04_static_batch/bench_batch.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-batch.json" -q
 fi
+if want bench05; then
+  run bench-continuous python3 -m pytest stage05_continuous_batch/bench_batch.py --benchmark-only -p no:cacheprovider \
+      --benchmark-json "$logs/${gpu}_${day}_pytest-bench-continuous.json" -q
+fi
 # the harness: every figure a median of 3 runs with its spread, against the previous stage and the baselines
-want latency && run harness-latency python3 -m common.bench --stages hf,hf-compile,03,04 --workload latency --out "$logs"
-want batch && run harness-batch python3 -m common.bench --stages 03,04 --workload batch --out "$logs"
-want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04 --workload long --lengths ${LONG_LENGTHS:-2048,8192,32768} \
+want latency && run harness-latency python3 -m common.bench --stages hf,hf-compile,03,04,05 --workload latency --out "$logs"
+want batch && run harness-batch python3 -m common.bench --stages 03,04,05 --workload batch --out "$logs"
+want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04,05 --workload long --lengths ${LONG_LENGTHS:-2048,8192,32768} \
     --budget-s ${LONG_BUDGET_S:-0} --out "$logs"
 # the naive attention of stages 02-05 needs ~1 min per 32K prefill: long-hf-32k measures the baseline alone there
 want long-hf-32k && run harness-long-hf-32k python3 -m common.bench --stages hf-sdpa --workload long --lengths 32768 \
     --out "$logs"
-want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,hf-sdpa} --workload ragged --out "$logs"
+want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,05} --workload ragged --verbose --out "$logs"
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
 fi
