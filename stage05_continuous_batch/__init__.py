@@ -1,4 +1,4 @@
-"""Continuous batching (in progress): requests join and leave at every step; so far its scheduler, CPU-tested."""
+"""Continuous batching: requests join and leave at every step, each forward planned anew, prompts in chunks."""
 from .engine import Engine
 
 __all__ = ["Engine"]

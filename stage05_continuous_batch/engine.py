@@ -1,63 +1,103 @@
-"""The engine: static batching. Up to max_batch_size requests run as one batch, from one batched prefill
-to the end of the longest of them.
+"""The engine: continuous batching. Requests join and leave the running set at every step.
 
-    for each batch (requests in arrival order, max_batch_size at a time):
-        prefill:  every prompt, right-padded, in as few forwards as fit; sample each sequence's first token
-        decode:   one row per sequence (its seq_slot), each at its own position over its own cache region;
-                  sample each row with its own parameters; a finished sequence's row idles until the whole batch
-                  is done
-A decode step reads the weights once for all B rows, so it costs about what stage03's step for one sequence
-cost, and yields B tokens. The host reads back B int32 ids per step, to stream them and check the stop rules.
+    add_request(prompt, params) -> id     queued at once (WAITING)
+    step():   the scheduler plans one forward: a decode row for every running sequence, then prompt chunks
+              (of running sequences still prefilling, then of newly admitted ones) within the token budget;
+              the rows are packed with no padding, run, and each sampled with its own seq_slot's parameters
+              a finished sequence frees its seq_slot at once; the next step gives it to a waiting request
+    generate() / stream()                 built on the two, as every stage's
+
+The KV cache is still one contiguous region of max_model_len positions per seq_slot (stage07 pages it), but how
+many seq_slots there are is now sized from the GPU's memory, as vLLM sizes its cache (cache.plan_num_seqs).
+The loop is llm_engine.py; the GPU under it is runner.py over model.py.
 """
 from __future__ import annotations
 
-import secrets
-from typing import Callable
+import sys
 
 import numpy as np
 
 from common.checkpoint import Checkpoint
 from common.device import DeviceArray, get_gpu
-from common.outputs import RequestOutput, Timing
+from common.outputs import RequestOutput
 from common.prompts import PromptPreparer
 from common.sampling import SamplingParams
 from common.synthetic import resolve_model
 
-from .batch import BatchStats, Sequence, StaticBatch, plan_batches
+from .cache import MAX_NUM_SEQS, check_count, kv_cache_bytes, plan_num_seqs
 from .kernels import Kernels
-from .model import Model
+from .llm_engine import LLMEngine
+from .model import Model, activation_bytes
+from .packing import StepInputs
+from .runner import GpuRunner
 from .weights import load_weights, verify
 
-MAX_BATCH_SIZE = 64                # vLLM calls it max_num_seqs
-MAX_NUM_BATCHED_TOKENS = 16384     # rows per forward: a 1B prefill GEMM is compute-bound long before this, and it
-#                                    bounds the activation buffers (~1.1 GiB for the 1B model)
+MAX_NUM_BATCHED_TOKENS = 2048      # rows per forward, the token budget. The 1B's GEMMs are compute-bound well
+#                                    before it; a larger budget would only grow the attention scratch (budget x
+#                                    max_model_len scores per head) that a longer prompt now never needs: it is
+#                                    prefilled in chunks
 
 
 class Engine:
-    def __init__(self, model: str, max_model_len: int | None = None, max_batch_size: int = MAX_BATCH_SIZE,
-                 max_num_batched_tokens: int | None = None, progress: bool = False):
+    def __init__(self, model: str, max_model_len: int | None = None, max_num_seqs: int | None = None,
+                 max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
+                 progress: bool = False):
         self.folder = resolve_model(model)
         self.checkpoint = Checkpoint(self.folder)          # every validation error is raised here, before the GPU
         self.config = self.checkpoint.config
         self.prompts = PromptPreparer(self.folder, self.config, max_model_len)
         self.tokenizer = self.prompts.tokenizer
-        self.max_model_len = self.prompts.max_model_len
-        self.max_batch_size = max_batch_size
-        tokens = max_num_batched_tokens or max(MAX_NUM_BATCHED_TOKENS, self.max_model_len)
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ValueError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
-        if tokens < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens={tokens} must be >= max_model_len={self.max_model_len}: "
-                             "a prompt's prefill runs in one forward")
+        self.max_model_len = L = self.prompts.max_model_len
+        if max_num_seqs is not None:
+            check_count("max_num_seqs", max_num_seqs)
+        tokens = check_count("max_num_batched_tokens", max_num_batched_tokens or
+                             max(MAX_NUM_BATCHED_TOKENS, max_num_seqs or MAX_NUM_SEQS))
         self.gpu = get_gpu()
         self.kernels = Kernels(self.gpu)
         self.weights = load_weights(self.checkpoint, self.gpu, progress=progress)
-        self.model = Model(self.weights, self.config, self.gpu, self.kernels, max_batch_size, self.max_model_len,
-                           tokens)
-        self.pad_token_id = 0                              # what padding rows feed; it never changes a result
-        self.timings: list[Timing] = []                    # one per request of the last generate()
-        self.stats = BatchStats()                          # the last generate()'s batches, steps and waste
+        free, total = self.gpu.memory()
+        activations = activation_bytes(self.config, max_num_seqs or MAX_NUM_SEQS, L, tokens)
+        self.max_num_seqs = B = plan_num_seqs(self.config, L, total, total - free, activations,
+                                              gpu_memory_utilization, max_num_seqs)
+        if tokens < B:
+            raise ValueError(f"max_num_batched_tokens={tokens} must be >= max_num_seqs={B}: each running "
+                             "sequence decodes one row per step")
+        print(f"kv cache   {B} seq_slots x {L} positions = {kv_cache_bytes(self.config, L, B) / 2**30:.2f} GiB "
+              f"(activations {activations / 2**30:.2f} GiB, token budget {tokens} rows a step)", file=sys.stderr)
+        self.model = Model(self.weights, self.config, self.gpu, self.kernels, B, L, tokens)
+        self.llm = LLMEngine(GpuRunner(self.model), self.prompts, B, tokens)
 
+    # ------------------------------------------------------------------ the step API (llm_engine.py)
+    def add_request(self, prompt, params: SamplingParams, request_id=None):
+        return self.llm.add_request(prompt, params, request_id)
+
+    def step(self) -> list[RequestOutput]:
+        return self.llm.step()
+
+    def abort_request(self, request_id) -> None:
+        self.llm.abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm.has_unfinished_requests()
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        """Run every prompt (text or token ids) to completion; the outputs come back in the order of the
+        prompts. The counters in `stats` and the `timings` are this call's."""
+        return self.llm.generate(prompts, params)
+
+    def stream(self, prompt, params: SamplingParams):
+        """Yield (token id, finish reason or None) as each new token of one request is chosen."""
+        return self.llm.stream(prompt, params)
+
+    @property
+    def timings(self):
+        return self.llm.timings
+
+    @property
+    def stats(self):
+        return self.llm.scheduler.stats
+
+    # ------------------------------------------------------------------ for tests and comparisons
     def verify(self) -> list[str]:
         """Names of tensors whose GPU bytes differ from the file's (empty list: all identical)."""
         return verify(self.weights, self.checkpoint, self.kernels)
@@ -72,77 +112,60 @@ class Engine:
         self.kernels.embedding(d_ids, self.weights["model.embed_tokens.weight"], out)
         return self.gpu.to_host(out)
 
-    def logits(self, token_ids) -> np.ndarray:
-        """Logits (T, V) float32 at every position of one sequence (for tests and comparisons)."""
-        seq = self._sequence(0, self.prompts.encode(list(token_ids)), SamplingParams(temperature=0.0))
-        step = self._batch([seq]).prefill_groups(self.model.max_rows, self.model.score_capacity)[0]
-        step.logit_rows = np.arange(step.num_rows, dtype=np.int32)
-        out = self.gpu.empty((step.num_rows, self.config.vocab_size), "f32")
-        self.model.forward(step, out)
+    def logits(self, token_ids, chunk: int | None = None) -> np.ndarray:
+        """Logits (T, V) float32 at every position of one sequence, prefilled into seq_slot 0 in chunks of
+        `chunk` rows (default: the token budget), each chunk over the keys the ones before it cached."""
+        self._require_idle()
+        ids = np.asarray(self.prompts.encode(list(token_ids)), np.int32)
+        chunk = chunk or self.model.max_rows
+        out = self.gpu.empty((len(ids), self.config.vocab_size), "f32")
+        for first in range(0, len(ids), chunk):
+            pos = np.arange(first, min(first + chunk, len(ids)), dtype=np.int32)
+            zeros = np.zeros(len(pos), np.int32)
+            step = StepInputs(ids[pos], pos, pos.copy(), zeros, pos - first, zeros, zeros)  # seq_slot 0
+            self.model.forward(step, self.model.row_view(out, first, len(pos)))
         return self.gpu.to_host(out)
 
     def decode_logits(self, sequences, n_prompts) -> list[np.ndarray]:
-        """Prefill sequences[b][:n_prompts[b]] as one batch, then decode the rest of each teacher-forced (its
-        given tokens, not sampled ones); per sequence, the logits (len - n_prompt + 1, V) f32 that chose each
-        following token (for tests against a full recompute)."""
-        seqs = [self._sequence(b, self.prompts.encode(list(s[:n])),
-                               SamplingParams(max_tokens=len(s) - n + 1, temperature=0.0, ignore_eos=True))
-                for b, (s, n) in enumerate(zip(sequences, n_prompts))]
-        per_seq: list[list[np.ndarray]] = [[] for _ in seqs]   # each sequence's logits, step by step
+        """Run sequences[b][:n_prompts[b]] as requests together, then decode the rest of each teacher-forced
+        (its given tokens, not sampled ones); per sequence, the logits (len - n_prompt + 1, V) f32 that chose
+        each following token (for tests against a full recompute)."""
+        self._require_idle()
+        forced = _TeacherForced(self.model, sequences)
+        loop = LLMEngine(forced, self.prompts, self.max_num_seqs, self.model.max_rows)
+        forced.loop = loop
+        ids = [loop.add_request(list(s[:n]), SamplingParams(max_tokens=len(s) - n + 1, temperature=0.0,
+                                                            ignore_eos=True), request_id=b)
+               for b, (s, n) in enumerate(zip(sequences, n_prompts))]
+        while loop.has_unfinished_requests():
+            loop.step()
+        self.llm.scheduler.stats = loop.scheduler.stats
+        return [np.stack(forced.logits[i]) for i in ids]
 
-        def forced(n: int) -> list[int]:
-            logits = self.gpu.to_host(self.model.row_view(self.model.logits, 0, n))
-            for b, s in enumerate(seqs):
-                if s.running:
-                    per_seq[b].append(logits[b])
-            return [sequences[b][s.length] if s.length < len(sequences[b]) else 0 for b, s in enumerate(seqs)]
+    def _require_idle(self) -> None:
+        if self.llm.has_unfinished_requests():   # these write seq_slots a running request may hold
+            raise RuntimeError("logits() and decode_logits() need an engine with no unfinished requests")
 
-        for _ in self._run_batch(self._batch(seqs), forced):
-            pass
-        return [np.stack(steps) for steps in per_seq]
 
-    def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
-        """Run every prompt (text or token ids) to completion, in static batches of up to max_batch_size;
-        the outputs come back in the order of the prompts."""
-        requests = self.prompts.requests(prompts, params)
-        self.stats = BatchStats()
-        # every request's clock starts now: time spent waiting for an earlier batch counts as its user sees it
-        seqs = [self._sequence(rid, ids, p) for rid, (ids, p) in enumerate(requests)]
-        self.timings = [s.timing for s in seqs]
-        for batch in plan_batches(len(seqs), self.max_batch_size):
-            for _ in self._run_batch(self._batch([seqs[i] for i in batch])):
-                pass
-        return [RequestOutput(s.request_id, s.prompt, s.new, self.tokenizer.decode(s.new), s.finish_reason)
-                for s in seqs]
+class _TeacherForced(GpuRunner):
+    """A runner that keeps each logit row's logits and feeds the sequence's given next token, not a sampled one."""
 
-    def stream(self, prompt, params: SamplingParams):
-        """Yield (token id, finish reason or None) as each new token is chosen: a batch of one."""
-        self.stats = BatchStats()
-        seq = self._sequence(0, self.prompts.encode(prompt), params)
-        self.timings = [seq.timing]
-        for _ in self._run_batch(self._batch([seq])):
-            yield seq.new[-1], seq.finish_reason
+    def __init__(self, model: Model, sequences):
+        super().__init__(model)
+        self.sequences, self.loop, self.logits = sequences, None, {b: [] for b in range(len(sequences))}
 
-    def _sequence(self, request_id: int, ids: list[int], params: SamplingParams) -> Sequence:
-        seed = params.seed if params.seed is not None else secrets.randbits(64)
-        return Sequence(request_id, ids, params, self.prompts.stop_ids(params), seed, Timing(len(ids)))
+    def admit(self, seq) -> None:
+        pass                                        # nothing is sampled
 
-    def _finish_reason(self, s: Sequence) -> str | None:
-        return self.prompts.finish_reason(s.new, s.length, s.params, s.stop)
-
-    def _batch(self, seqs: list[Sequence]) -> StaticBatch:
-        return StaticBatch(seqs, self.max_model_len, self.stats, self._finish_reason, self.pad_token_id)
-
-    def _run_batch(self, batch: StaticBatch, choose: Callable[[int], list[int]] | None = None):
-        """Prefill the batch, then decode until every sequence has finished; yields after each step's tokens
-        are recorded. `choose(B)` picks the step's tokens from self.model.logits (default: the sampler)."""
-        choose = choose or self.model.sample
-        self.model.set_sampling(batch.seqs)
-        for step in batch.prefill_groups(self.model.max_rows, self.model.score_capacity):
-            self.model.forward(step)
-        while True:
-            batch.record(choose(len(batch)))                      # waits for the GPU
-            yield
-            if batch.done:
-                return
-            self.model.forward(batch.decode_inputs())
+    def run(self, x: StepInputs) -> np.ndarray:
+        self.model.forward(x)
+        n = len(x.logit_rows)
+        logits = self.model.gpu.to_host(self.model.row_view(self.model.logits, 0, n)) if n else []
+        by_slot = {s.seq_slot: s for s in self.loop.scheduler.running}
+        chosen = []
+        for row, slot in zip(logits, x.logit_seq_slots):
+            s = by_slot[int(slot)]
+            self.logits[s.request_id].append(row)
+            given = self.sequences[s.request_id]
+            chosen.append(given[s.length] if s.length < len(given) else 0)
+        return np.array(chosen, np.int32)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 from dataclasses import replace
 
 from common.outputs import RequestOutput, Timing
@@ -22,7 +23,7 @@ from common.prompts import PromptPreparer
 from common.sampling import SamplingParams
 
 from .packing import pack
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerStats
 from .sequence import Sequence
 
 
@@ -33,11 +34,15 @@ class LLMEngine:
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens)
         self._auto_ids = itertools.count()
         self._live: dict = {}          # request id -> its text stream (DetokenizeStream)
+        self.timings: list[Timing] = []   # generate() / stream(): each request's, in prompt order
 
     # ------------------------------------------------------------------ the step API
     def add_request(self, prompt, params: SamplingParams, request_id=None):
         """Validate and queue one request; returns its id. A bad prompt, params or id raises here, and the
         engine is left as it was."""
+        return self._add(prompt, params, request_id).request_id
+
+    def _add(self, prompt, params: SamplingParams, request_id) -> Sequence:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
         ids = self.prompts.encode(prompt)
@@ -49,7 +54,7 @@ class LLMEngine:
         seq = Sequence(request_id, ids, params, self.prompts.stop_ids(params), seed, Timing(len(ids)))
         self._live[request_id] = self.tokenizer.stream()
         self.scheduler.add(seq)
-        return request_id
+        return seq
 
     def abort_request(self, request_id) -> None:
         if self.scheduler.abort(request_id) is not None:
@@ -59,13 +64,17 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return []
         for c in plan.chunks:
             if c.start == 0:                       # its first chunk: admitted in this schedule()
                 self.runner.admit(c.seq)
-        sampled = self.runner.run(pack(plan, self.max_model_len))
+        x = pack(plan, self.max_model_len)
+        t1 = time.perf_counter()
+        sampled = self.runner.run(x)               # returns when the GPU is done
+        t2 = time.perf_counter()
         outs = []
         for seq in self.scheduler.update(plan, sampled, self._finish_reason):
             text = self._live[seq.request_id]
@@ -75,6 +84,8 @@ class LLMEngine:
                 del self._live[seq.request_id]
             outs.append(RequestOutput(seq.request_id, seq.prompt, list(seq.new), text.text, seq.finish_reason,
                                       [seq.new[-1]], delta))
+        # the host's share of the step: the GPU sits idle while it plans, packs, records and detokenises
+        self.scheduler.stats.host_s.append(time.perf_counter() - t2 + t1 - t0)
         return outs
 
     def _finish_reason(self, seq: Sequence) -> str | None:
@@ -84,7 +95,10 @@ class LLMEngine:
     def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         """Every prompt to completion; outputs in prompt order. Every prompt is validated before any runs."""
         requests = self.prompts.requests(prompts, params)
-        ids = [self.add_request(p, sp) for p, sp in requests]
+        self.scheduler.stats = SchedulerStats()    # this call's counters
+        seqs = [self._add(p, sp, None) for p, sp in requests]
+        self.timings = [s.timing for s in seqs]
+        ids = [s.request_id for s in seqs]
         done: dict = {}
         while len(done) < len(ids) and self.has_unfinished_requests():
             for out in self.step():
@@ -94,7 +108,9 @@ class LLMEngine:
 
     def stream(self, prompt, params: SamplingParams):
         """Yield (token id, finish reason or None) as each new token of one request is chosen."""
-        rid = self.add_request(prompt, params)
+        self.scheduler.stats = SchedulerStats()
+        seq = self._add(prompt, params, None)
+        self.timings, rid = [seq.timing], seq.request_id
         while rid in self._live:                   # an abort from elsewhere ends the stream
             for out in self.step():
                 if out.request_id == rid:

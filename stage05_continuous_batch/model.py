@@ -1,8 +1,8 @@
-"""The Llama forward pass on the GPU for a batch: R rows of tokens, each of some sequence at some position.
+"""The Llama forward pass on the GPU for a step: R packed rows, each a token of some sequence at some position.
 
-forward(step) runs the rows of a StepInputs (batch.py): a prefill group is rows_per_seq = the group's padded
-prompt length rows per sequence, a decode step one row per sequence of the batch. Every GEMM has M = R rows,
-so the weights are read once per forward for all the sequences in it: what batching buys.
+forward(step) runs the rows of a StepInputs (packing.py): decode rows and prompt chunks of any sequences, side
+by side, no padding. Every GEMM has M = R rows, so the weights are read once per forward for all the sequences
+in it: what batching buys.
 
     x = embed(tokens)                                                        (R, H)    the residual stream
     for each layer:
@@ -18,6 +18,7 @@ so the weights are read once per forward for all the sequences in it: what batch
 
 Buffer reuse: every activation buffer is allocated once, for max_num_batched_tokens rows, and each forward uses
 its first R rows; the layers take turns in the same buffers. No allocation happens while generating.
+activation_bytes() is their size, which the engine subtracts before it sizes the KV cache from what is left.
 """
 from __future__ import annotations
 
@@ -28,18 +29,35 @@ from common.cublas import Cublas
 from common.device import DeviceArray, Gpu
 from common.rope import rope_cos_sin
 
-from .batch import StepInputs
 from .cache import KVCache
 from .kernels import Kernels
+from .packing import StepInputs
 from .weights import GpuWeights
 
 
+def activation_bytes(config: LlamaConfig, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int) -> int:
+    """What Model allocates besides the KV cache: R rows of activations, the attention scores of R rows over
+    max_model_len keys per head, B rows of logits, the step inputs, the sampling parameters and RoPE's tables."""
+    c, R, B, L = config, max_num_batched_tokens, max_num_seqs, max_model_len
+    per_row = 2 * (3 * c.hidden_size + (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+                   + c.num_attention_heads * c.head_dim + 3 * c.intermediate_size)     # bf16 x h d qkv attn gate_up act
+    return (R * per_row + 4 * c.num_attention_heads * score_capacity(B, L, R) + 4 * B * c.vocab_size
+            + 4 * (7 * R + B) + 20 * B + 2 * 4 * L * (c.head_dim // 2))
+
+
+def score_capacity(max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int) -> int:
+    """Attention scores per head a step can need: its rows (at most the token budget, and at least one per
+    sequence) each over up to max_model_len keys. Chunked prefill is what bounds it: a long prompt never puts
+    more than the budget of rows into one forward."""
+    return max_model_len * max(max_num_batched_tokens, max_num_seqs)
+
+
 class Model:
-    def __init__(self, weights: GpuWeights, config: LlamaConfig, gpu: Gpu, kernels: Kernels, max_batch_size: int,
+    def __init__(self, weights: GpuWeights, config: LlamaConfig, gpu: Gpu, kernels: Kernels, max_num_seqs: int,
                  max_model_len: int, max_num_batched_tokens: int):
         self.weights, self.config, self.gpu, self.kernels = weights, config, gpu, kernels
         self.cublas = Cublas(gpu)
-        self.max_batch_size, self.max_model_len = B, L = max_batch_size, max_model_len
+        self.max_num_seqs, self.max_model_len = B, L = max_num_seqs, max_model_len
         self.max_rows = R = max_num_batched_tokens
         c = config
         nh, nkv, hd, H, inter = (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size,
@@ -47,8 +65,8 @@ class Model:
         self.qkv_width = (nh + 2 * nkv) * hd
         self.cache = KVCache(c, B, L, gpu)                  # first: the one allocation that grows with B x L
         # ---- every activation, allocated once for R rows (shapes per row)
-        self.inputs = gpu.empty((6 * R + B,), "i32")        # one step's tokens | positions | slot_mapping |
-        #                           seq_slots | logit rows | their seq_slots | counters, uploaded in one copy
+        self.inputs = gpu.empty((7 * R,), "i32")            # one step's tokens | positions | slot_mapping |
+        #               seq_slots (R each) | logit rows | their seq_slots | counters (n <= R each), in one copy
         self.x = gpu.empty((R, H), "bf16")                  # residual stream
         self.h = gpu.empty((R, H), "bf16")                  # normed input of the next GEMM
         self.qkv = gpu.empty((R, self.qkv_width), "bf16")
@@ -56,18 +74,18 @@ class Model:
         self.d = gpu.empty((R, H), "bf16")                  # a sublayer's output, added into x by the next norm
         self.gate_up = gpu.empty((R, 2 * inter), "bf16")
         self.act = gpu.empty((R, inter), "bf16")
-        # attention probabilities, (nh, rows, keys): per head, one full-length prompt or B decode rows of L keys
-        self.score_capacity = L * max(L, B)
+        # attention probabilities, (nh, rows, keys): per head, a step's rows over up to L keys each
+        self.score_capacity = score_capacity(B, L, R)
         self.scores = gpu.empty((nh * self.score_capacity,), "f32")
-        self.logits = gpu.empty((B, c.vocab_size), "f32")   # each sequence's newest, for sampling
+        self.logits = gpu.empty((B, c.vocab_size), "f32")   # the logit rows of a step, for sampling
         self.next_ids = gpu.empty((B,), "i32")              # the sampler's choices
-        self.row_slots = gpu.to_device(np.arange(B, dtype=np.int32))   # a static batch: logits row b is seq_slot b
-        # the batch's sampling parameters, one upload per batch: seed u64 | temperature f32 | top_k i32 | top_p f32
+        # every seq_slot's sampling parameters, written at admission: seed u64 | temperature f32 | top_k i32 |
+        # top_p f32
         self.sampling = gpu.empty((20 * B,), "u8")
         self._sampling_host = np.zeros(20 * B, np.uint8)   # its host mirror: one seq_slot is rewritten at a time
         self.seed, self.temperature = self.sampling.view(0, (B,), "u64"), self.sampling.view(8 * B, (B,), "f32")
         self.top_k, self.top_p = self.sampling.view(12 * B, (B,), "i32"), self.sampling.view(16 * B, (B,), "f32")
-        self.counters = self.inputs.view(0, (B,))           # set by each forward's upload
+        self.counters = self.logit_seq_slots = self.inputs.view(0, (B,))   # set by each forward's upload
         cos, sin = rope_cos_sin(c, np.arange(L))            # (L, hd/2) each, fp32
         self.cos, self.sin = gpu.to_device(cos), gpu.to_device(sin)
         self.layers = [self._layer_weights(i) for i in range(c.num_hidden_layers)]
@@ -91,56 +109,47 @@ class Model:
         stage.array[: host.nbytes] = host.reshape(-1).view(np.uint8)
         self.gpu.copy_to_device_async(dst.ptr, stage.ptr, host.nbytes)
 
-    def set_sampling(self, seqs) -> None:
-        """The batch's per-sequence sampling parameters (batch.Sequence), row b for sequence b."""
-        B, n = self.max_batch_size, len(seqs)
-        host = self._sampling_host
-        host[:] = 0
-        host[:8 * n].view(np.uint64)[:] = [s.seed for s in seqs]
-        host[8 * B:8 * B + 4 * n].view(np.float32)[:] = [s.params.temperature for s in seqs]
-        host[12 * B:12 * B + 4 * n].view(np.int32)[:] = [s.params.top_k for s in seqs]
-        host[16 * B:16 * B + 4 * n].view(np.float32)[:] = [s.params.top_p for s in seqs]
-        self._copy_in(self.sampling, host)
-
     def set_params(self, seq_slot: int, params, seed: int) -> None:
-        """One sequence's sampling parameters into its seq_slot, written when it is admitted (continuous batching:
-        the other seq_slots keep theirs)."""
-        B, host = self.max_batch_size, self._sampling_host
+        """One sequence's sampling parameters into its seq_slot, written when it is admitted (the other
+        seq_slots keep theirs)."""
+        B, host = self.max_num_seqs, self._sampling_host
         host[8 * seq_slot:8 * seq_slot + 8].view(np.uint64)[0] = seed
         host[8 * B + 4 * seq_slot:8 * B + 4 * seq_slot + 4].view(np.float32)[0] = params.temperature
         host[12 * B + 4 * seq_slot:12 * B + 4 * seq_slot + 4].view(np.int32)[0] = params.top_k
         host[16 * B + 4 * seq_slot:16 * B + 4 * seq_slot + 4].view(np.float32)[0] = params.top_p
         self._copy_in(self.sampling, host)
 
-    def upload_step(self, step: StepInputs) -> tuple[DeviceArray, ...]:
+    def upload_step(self, step: StepInputs, logits: DeviceArray | None = None) -> tuple[DeviceArray, ...]:
         """Queue the copy of a step's inputs to the GPU (one copy); returns the device views that run_uploaded()
         reads: tokens, positions, slot_mapping, seq_slots, logit_rows. Waits for earlier GPU work first (the
         staging buffer is reused)."""
-        R, n, B = step.num_rows, len(step.logit_rows), len(step.counters)
-        if R > self.max_rows or B > self.max_batch_size:
-            raise ValueError(f"a forward of {R} rows for a batch of {B}: the engine holds {self.max_rows} rows "
-                             f"and {self.max_batch_size} sequences")
+        R, n = step.num_rows, len(step.logit_rows)
+        if n > self.max_num_seqs and logits is None:
+            raise ValueError(f"{n} logit rows: the engine's logits hold {self.max_num_seqs}")
+        if not 0 < R <= self.max_rows:
+            raise ValueError(f"a forward of {R} rows: the engine holds 1..{self.max_rows}")
         if self.config.num_attention_heads * R * step.max_keys > self.scores.size:
             raise ValueError(f"{R} rows over {step.max_keys} keys exceed the attention scratch")
-        if step.seq_slots.min() < 0 or step.seq_slots.max() >= self.max_batch_size:   # the kernel cannot
-            raise ValueError(f"seq_slots {step.seq_slots.min()}..{step.seq_slots.max()} outside the "
-                             f"{self.max_batch_size} the cache holds")
+        for name, slots in (("seq_slots", step.seq_slots), ("logit_seq_slots", step.logit_seq_slots)):
+            if len(slots) and (slots.min() < 0 or slots.max() >= self.max_num_seqs):   # the kernels cannot
+                raise ValueError(f"{name} {slots.min()}..{slots.max()} outside the {self.max_num_seqs} the "
+                                 "engine holds")
         self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.seq_slots,
                                                   step.logit_rows, step.logit_seq_slots, step.counters]
                                                  ).astype(np.int32))
         at = self.inputs.view
         self.logit_seq_slots = at(4 * (4 * R + n), (n,))
-        self.counters = at(4 * (4 * R + 2 * n), (B,))
+        self.counters = at(4 * (4 * R + 2 * n), (n,))
         return at(0, (R,)), at(4 * R, (R,)), at(8 * R, (R,)), at(12 * R, (R,)), at(16 * R, (n,))
 
     def forward(self, step: StepInputs, logits: DeviceArray | None = None) -> DeviceArray:
         """Upload the step's inputs and run it (see run_uploaded())."""
-        return self.run_uploaded(step, self.upload_step(step), logits)
+        return self.run_uploaded(step, self.upload_step(step, logits), logits)
 
     def run_uploaded(self, step: StepInputs, inputs, logits: DeviceArray | None = None) -> DeviceArray:
         """Run the rows of `step` from its uploaded `inputs`, writing their K/V into the cache; the logits of
-        step.logit_rows go to rows first_seq.. of self.logits (B, V) f32, or into `logits` (n, V) f32 when
-        given. Queues GPU work; does not wait."""
+        step.logit_rows go to rows 0..n-1 of self.logits (B, V) f32 (at most one per sequence), or into `logits`
+        (n, V) f32 when given. Queues GPU work; does not wait."""
         c, k, R = self.config, self.kernels, step.num_rows
         tokens, positions, slot_mapping, seq_slots, logit_rows = inputs
         nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
@@ -171,17 +180,9 @@ class Model:
         chosen = view(self.d, 0, n)                  # d is free again: it takes the rows whose logits are wanted
         k.embedding(logit_rows, h, chosen)           # a row gather, which is what the embedding kernel does
         if logits is None:                           # (n, V) of the (B, V) buffer, or the caller's
-            logits = self.row_view(self.logits, step.first_seq, n)
+            logits = self.row_view(self.logits, 0, n)
         self.cublas.linear(chosen, self.weights.lm_head, logits)
         return logits
-
-    def queue_sample(self, n: int) -> DeviceArray:
-        """Queue the sampler over the batch's first n logits rows, each with its sequence's parameters and the
-        last upload's counters; returns the (n,) i32 device array it writes."""
-        out = self.next_ids.view(0, (n,))
-        self.kernels.sample(self.row_view(self.logits, 0, n), self.temperature, self.top_k, self.top_p, self.seed,
-                            self.row_slots.view(0, (n,)), self.counters, out)
-        return out
 
     def queue_sample_rows(self, n: int) -> DeviceArray:
         """Queue the sampler over the first n logits rows of a packed step, row i with the parameters of the
@@ -190,7 +191,3 @@ class Model:
         self.kernels.sample(self.row_view(self.logits, 0, n), self.temperature, self.top_k, self.top_p, self.seed,
                             self.logit_seq_slots, self.counters, out)
         return out
-
-    def sample(self, n: int) -> np.ndarray:
-        """Each of the batch's n sequences' next token: (n,) int32 on the host (waits for the GPU)."""
-        return self.gpu.to_host(self.queue_sample(n))

@@ -33,7 +33,6 @@ class StepInputs:
     logit_rows: np.ndarray
     logit_seq_slots: np.ndarray
     counters: np.ndarray
-    first_seq: int = 0          # the model writes the logit rows' logits to its logits rows 0..n-1
 
     @property
     def num_rows(self) -> int:

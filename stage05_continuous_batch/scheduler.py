@@ -16,7 +16,6 @@ Pure Python: tested on the CPU (tests/test_scheduler_cpu.py), including a random
 from __future__ import annotations
 
 import heapq
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -64,10 +63,16 @@ class SchedulerStats:
     rows: list[int] = field(default_factory=list)            # per step: rows of the forward
     decode_rows: list[int] = field(default_factory=list)     # per step: rows that decode one token
     prefill_rows: list[int] = field(default_factory=list)    # per step: prompt rows (whole prompts and chunks)
+    host_s: list[float] = field(default_factory=list)        # per step: the loop's time outside the forward
 
     @property
     def slot_waste(self) -> float:
         return 1 - self.slot_steps_used / self.slot_steps_held if self.slot_steps_held else 0.0
+
+    @property
+    def padding_share(self) -> float:
+        """Rows are packed: none is padding (stage04 reports the share it padded)."""
+        return 0.0
 
 
 class SchedulerError(ValueError):
@@ -119,7 +124,8 @@ class Scheduler:
                 budget -= n
         while self.waiting and self._free and budget:
             s = self.waiting.popleft()
-            s.status, s.seq_slot, s.admitted = SequenceStatus.RUNNING, heapq.heappop(self._free), time.perf_counter()
+            s.status, s.seq_slot = SequenceStatus.RUNNING, heapq.heappop(self._free)
+            s.timing.admit()
             self.running.append(s)
             n = min(len(s.prompt), budget)
             chunks.append(ScheduledChunk(s, 0, n))

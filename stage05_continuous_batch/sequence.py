@@ -11,7 +11,6 @@ longer than a step's token budget); after that, each step computes the one newes
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 
 from common.outputs import Timing
@@ -37,8 +36,6 @@ class Sequence:
     seq_slot: int | None = None            # held while RUNNING
     num_computed: int = 0                  # tokens whose K/V are in the cache
     finish_reason: str | None = None       # "stop", "length" or "abort"
-    arrival: float = field(default_factory=time.perf_counter)
-    admitted: float | None = None          # when it left the waiting queue (queue wait = admitted - arrival)
 
     @property
     def length(self) -> int:
