@@ -5,8 +5,9 @@
 
 For each workload and engine, each figure is the newest GPU result's (by its date and start time; on one day a
 result of the current harness, which keeps every run and its time, beats an older one): a run cut off by its time
-limit keeps the figures it measured, and a later run of the lengths it missed fills in only those. The chart carries a digest of
-the figures it was drawn from in its PNG metadata, so --check needs no matplotlib and no pixel-exact redraw.
+limit keeps the figures it measured, and a later run of the lengths it missed fills in only those. The chart
+carries a digest of the figures it was drawn from in its PNG metadata, so --check needs no matplotlib and no
+pixel-exact redraw.
 """
 from __future__ import annotations
 
