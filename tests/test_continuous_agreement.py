@@ -26,7 +26,7 @@ def test_every_request_equals_stage04_alone(model, n, request):
                                                                       max_num_batched_tokens=128)
     ids, got, k = [], {}, 0
     while k < n or loop.has_unfinished_requests():
-        for _ in range(3 if k < n else 0):                      # three arrivals a step
+        for _ in range(min(3, n - k)):                          # three arrivals a step
             ids.append(loop.add_request(prompts[k], params[k]))
             k += 1
         for out in loop.step():
