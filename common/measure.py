@@ -74,7 +74,8 @@ def generate_once(engine, prompts, params) -> tuple[float, list]:
 def waste(engine) -> dict:
     """A batching engine's counts of the last generate() (its `stats`), where it keeps them."""
     stats = getattr(engine, "stats", None)
-    return {k: getattr(stats, k) for k in ("batches", "slot_waste", "padding_share") if hasattr(stats, k)}
+    return {k: getattr(stats, k) for k in ("batches", "slot_waste", "padding_share", "prefill_time_share",
+                                           "host_time_share") if hasattr(stats, k)}
 
 
 def growth_rates(timings) -> dict:

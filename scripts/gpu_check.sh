@@ -2,6 +2,7 @@
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
 # $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05 (pytest-benchmark files), latency, batch,
 # long, long-hf-32k, ragged (the harness against the baselines), or all (default; longer than one 10-minute device call).
+# LATENCY_STAGES, BATCH_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (nvidia-smi not found); it runs the GPU tests and benchmarks"; exit 2; }
@@ -52,8 +53,10 @@ if want bench05; then
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-continuous.json" -q
 fi
 # the harness: every figure a median of 3 runs with its spread, against the previous stage and the baselines
-want latency && run harness-latency python3 -m common.bench --stages hf,hf-compile,03,04,05 --workload latency --out "$logs"
-want batch && run harness-batch python3 -m common.bench --stages 03,04,05 --workload batch --out "$logs"
+want latency && run harness-latency python3 -m common.bench --stages ${LATENCY_STAGES:-hf,hf-compile,03,04,05} \
+    --workload latency --out "$logs"
+want batch && run harness-batch python3 -m common.bench --stages ${BATCH_STAGES:-03,04,05} --workload batch \
+    --out "$logs"
 want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04,05 --workload long --lengths ${LONG_LENGTHS:-2048,8192,32768} \
     --budget-s ${LONG_BUDGET_S:-0} --out "$logs"
 # the naive attention of stages 02-05 needs ~1 min per 32K prefill: long-hf-32k measures the baseline alone there

@@ -86,6 +86,7 @@ class LLMEngine:
                                       [seq.new[-1]], delta))
         # the host's share of the step: the GPU sits idle while it plans, packs, records and detokenises
         self.scheduler.stats.host_s.append(time.perf_counter() - t2 + t1 - t0)
+        self.scheduler.stats.forward_s.append(t2 - t1)
         return outs
 
     def _finish_reason(self, seq: Sequence) -> str | None:

@@ -64,10 +64,23 @@ class SchedulerStats:
     decode_rows: list[int] = field(default_factory=list)     # per step: rows that decode one token
     prefill_rows: list[int] = field(default_factory=list)    # per step: prompt rows (whole prompts and chunks)
     host_s: list[float] = field(default_factory=list)        # per step: the loop's time outside the forward
+    forward_s: list[float] = field(default_factory=list)     # per step: the forward, until the GPU is done
 
     @property
     def slot_waste(self) -> float:
         return 1 - self.slot_steps_used / self.slot_steps_held if self.slot_steps_held else 0.0
+
+    @property
+    def prefill_time_share(self) -> float:
+        """The share of the loop's time spent in forwards that carry prompt rows (whole prompts or chunks)."""
+        total = sum(self.forward_s) + sum(self.host_s)
+        return sum(f for f, p in zip(self.forward_s, self.prefill_rows) if p) / total if total else 0.0
+
+    @property
+    def host_time_share(self) -> float:
+        """The share of the loop's time the GPU waits on the host (plan, pack, record, detokenise)."""
+        total = sum(self.forward_s) + sum(self.host_s)
+        return sum(self.host_s) / total if total else 0.0
 
     @property
     def padding_share(self) -> float:
