@@ -121,13 +121,14 @@ def batch_results() -> str:
 
 
 def ragged_results() -> str:
-    """`ragged` (256 requests, prompts and outputs of 100..1024 tokens): throughput, the waste counters (engines
-    that keep them), and the spread of the throughput over the runs."""
+    """`ragged` (256 requests, prompts and outputs of 100..1024 tokens): throughput, the waste counters and the
+    loop's time split (engines that keep them), and the spread of the throughput over the runs."""
     def pct(x):
-        return "-" if x is None else f"{100 * x:.1f}%"
+        return "-" if x is None else f"{100 * x:.{2 if 0 < x < 0.01 else 1}f}%"
 
     rows = ["| date | GPU | engine | output tok/s (min-max) | runs | batches | slot waste | padding share | "
-            "ms per decode step (median; p99) | median time to first token (of it, queued) |", "|" + " --- |" * 10]
+            "ms per decode step (median; p99) | median time to first token (of it, queued) | "
+            "loop time in steps with prompt rows; the host's |", "|" + " --- |" * 11]
     for r in _harness("ragged"):
         for name, s in r["stages"].items():
             if "output_tok_per_s" not in s:
@@ -138,7 +139,9 @@ def ragged_results() -> str:
                         f"{pct(s.get('slot_waste'))} | {pct(s.get('padding_share'))} | "
                         f"{s['ms_per_decode_step']:.2f}" + (f"; {s['itl_p99_ms']:.1f}" if "itl_p99_ms" in s else "")
                         + f" | {s['ttft_ms'] / 1e3:.1f} s"
-                        + (f" ({s['queue_ms'] / 1e3:.1f} s)" if "queue_ms" in s else "") + " |")
+                        + (f" ({s['queue_ms'] / 1e3:.1f} s)" if "queue_ms" in s else "")
+                        + (f" | {pct(s['prefill_time_share'])}; {pct(s['host_time_share'])} |"
+                           if "prefill_time_share" in s else " | - |"))
     return "\n".join(rows)
 
 
