@@ -82,7 +82,9 @@ class LLMEngine:
             if seq.finished:                       # the last delta flushes a held-back partial character
                 delta += text.finish(seq.new)
                 del self._live[seq.request_id]
-            outs.append(RequestOutput(seq.request_id, seq.prompt, list(seq.new), text.text, seq.finish_reason,
+            # token_ids is the sequence's own list, which later steps extend (copy it to keep a snapshot): a copy
+            # of every running request's tokens at every step is O(tokens) of host time the GPU would wait for
+            outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, text.text, seq.finish_reason,
                                       [seq.new[-1]], delta))
         # the host's share of the step: the GPU sits idle while it plans, packs, records and detokenises
         self.scheduler.stats.host_s.append(time.perf_counter() - t2 + t1 - t0)

@@ -51,7 +51,7 @@ def pack(out: SchedulerOutput, max_model_len: int) -> StepInputs:
         if c.start + c.n > min(s.length, max_model_len):
             raise IndexError(f"request {s.request_id!r}: rows {c.start}..{c.start + c.n - 1} past its "
                              f"{s.length} tokens or max_model_len={max_model_len}")
-        tokens += s.token_ids[c.start:c.start + c.n]
+        tokens += s.tokens(c.start, c.n)
         positions += range(c.start, c.start + c.n)
         seq_slots += [s.seq_slot] * c.n
         if c.samples:

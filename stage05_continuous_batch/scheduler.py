@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 from .sequence import Sequence, SequenceStatus
@@ -47,7 +48,7 @@ class SchedulerOutput:
     def num_rows(self) -> int:
         return sum(c.n for c in self.chunks)
 
-    @property
+    @cached_property          # pack() and update() both read it; the plan does not change after schedule()
     def sampling(self) -> list[ScheduledChunk]:
         return [c for c in self.chunks if c.samples]
 
@@ -128,10 +129,11 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
-        chunks = [ScheduledChunk(s, s.num_computed, 1) for s in self.running if not s.prefilling]
+        decoding = [s for s in self.running if not s.prefilling]
+        chunks = [ScheduledChunk(s, s.num_computed, 1) for s in decoding]
         budget -= len(chunks)
         for s in self.running:
-            if s.prefilling and budget:
+            if budget and s.prefilling:
                 n = min(len(s.prompt) - s.num_computed, budget)
                 chunks.append(ScheduledChunk(s, s.num_computed, n))
                 budget -= n
@@ -143,14 +145,13 @@ class Scheduler:
             n = min(len(s.prompt), budget)
             chunks.append(ScheduledChunk(s, 0, n))
             budget -= n
-        out = SchedulerOutput(chunks)
-        st = self.stats
+        st, rows = self.stats, self.max_num_batched_tokens - budget
         st.steps += 1
         st.slot_steps_held += len(self.running)
-        st.rows.append(out.num_rows)
-        st.decode_rows.append(sum(1 for c in chunks if not c.seq.prefilling))
-        st.prefill_rows.append(sum(c.n for c in chunks if c.seq.prefilling))
-        return out
+        st.rows.append(rows)
+        st.decode_rows.append(len(decoding))
+        st.prefill_rows.append(rows - len(decoding))
+        return SchedulerOutput(chunks)
 
     def update(self, out: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
                ) -> list[Sequence]:
@@ -159,7 +160,7 @@ class Scheduler:
         samplers = out.sampling
         if len(sampled) != len(samplers):
             raise ValueError(f"{len(sampled)} sampled tokens for {len(samplers)} sampling rows")
-        tokens = {id(c): int(t) for c, t in zip(samplers, sampled)}
+        tokens = dict(zip(map(id, samplers), sampled.tolist() if hasattr(sampled, "tolist") else sampled))
         advanced = []
         for c in out.chunks:
             s = c.seq

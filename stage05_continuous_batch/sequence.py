@@ -45,6 +45,14 @@ class Sequence:
     def token_ids(self) -> list[int]:
         return self.prompt + self.new
 
+    def tokens(self, start: int, n: int) -> list[int]:
+        """token_ids[start:start + n] without building token_ids: a decode row every step must not copy the
+        whole sequence (at 256 sequences of ~1000 tokens that copy was a fifth of the loop's host time)."""
+        p = len(self.prompt)
+        if start >= p:
+            return self.new[start - p:start - p + n]
+        return self.prompt[start:start + n] if start + n <= p else self.prompt[start:] + self.new[:start + n - p]
+
     @property
     def prefilling(self) -> bool:
         """Some of the prompt's K/V are not in the cache yet."""
