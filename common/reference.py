@@ -178,6 +178,10 @@ class ReferenceEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._waiting or self._running)
 
+    def num_requests(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        return len(self._running), len(self._waiting)
+
     def abort_request(self, request_id) -> None:
         for queue in (self._waiting, self._running):
             for r in list(queue):

@@ -80,6 +80,9 @@ class Engine:
     def has_unfinished_requests(self) -> bool:
         return self.llm.has_unfinished_requests()
 
+    def num_requests(self) -> tuple[int, int]:
+        return self.llm.num_requests()
+
     def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         """Run every prompt (text or token ids) to completion; the outputs come back in the order of the
         prompts. The counters in `stats` and the `timings` are this call's."""

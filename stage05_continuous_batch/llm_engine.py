@@ -63,6 +63,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def num_requests(self) -> tuple[int, int]:
+        """(running, waiting): running requests hold a seq_slot each."""
+        return len(self.scheduler.running), len(self.scheduler.waiting)
+
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()

@@ -79,3 +79,15 @@ def test_bad_sampling_values_and_duplicate_ids(engine):
         engine.add_request("two", SamplingParams(max_tokens=1), request_id="dup")
     run(engine)
     assert not engine.has_unfinished_requests()
+
+
+def test_num_requests_counts_running_and_waiting(tiny_dir):
+    eng = ReferenceEngine(str(tiny_dir), max_model_len=32, max_num_seqs=1)
+    for _ in range(2):
+        eng.add_request([5, 6], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    assert eng.num_requests() == (0, 2)
+    eng.step()
+    assert eng.num_requests() == (1, 1)
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.num_requests() == (0, 0)

@@ -129,3 +129,16 @@ def test_bad_input_raises_at_once_and_changes_nothing(reference):
     with pytest.raises(PromptError):                          # generate validates every prompt before any runs
         eng.generate(["fine", []], SamplingParams(max_tokens=2))
     assert len(eng.scheduler.waiting) == 1 and eng.scheduler.waiting[0].request_id == "r"
+
+
+def test_num_requests_counts_running_and_waiting(reference):
+    eng, _ = engine(reference, max_num_seqs=2)
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    for _ in range(3):
+        eng.add_request([5, 6, 7], greedy)
+    assert eng.num_requests() == (0, 3)
+    eng.step()
+    assert eng.num_requests() == (2, 1)           # two seq_slots: the third waits
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.num_requests() == (0, 0)
