@@ -1,0 +1,165 @@
+"""The HTTP front end (FastAPI): OpenAI's completions and chat completions over the engine loop, streaming or not.
+
+A request's life: the body is parsed and checked (a 400 in OpenAI's shape otherwise), the prompt is encoded (the
+chat template for messages), the loop queues it (the engine's own validation, e.g. a prompt longer than
+max_model_len, is a 400 too), and its Deltas come back one step at a time. A stream sends each as a server-sent
+event; a client that goes away mid-stream is aborted, so its slot is free by the next step.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from common.prompts import PromptError
+
+from .engine_loop import EngineFailed, EngineLoop, ShuttingDown
+from .protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
+from .stops import StopMatcher
+
+
+def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> FastAPI:
+    """The routes over a started EngineLoop. Beyond max_waiting requests queued for a seq_slot, a new one gets
+    503 with Retry-After (back-pressure: the queue would only grow, and every TTFT with it)."""
+    app = FastAPI(title="tiny-vllm")
+    tokenizer = loop.engine.prompts.tokenizer
+    created = int(time.time())
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_, e: OpenAIError):
+        retry = {"Retry-After": "1"} if e.status == 503 else None
+        return JSONResponse(e.body(), status_code=e.status, headers=retry)
+
+    @app.exception_handler(ShuttingDown)
+    async def shutting_down(_, e: ShuttingDown):
+        return JSONResponse(OpenAIError(503, str(e)).body(), status_code=503)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(_, e: RequestValidationError):
+        first = e.errors()[0]
+        if first.get("type") == "json_invalid":
+            err = OpenAIError(400, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'unparsable')})")
+        else:
+            where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+            err = OpenAIError(400, f"{where or 'body'}: {first.get('msg')}", where or None)
+        return JSONResponse(err.body(), status_code=400)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(loop.metrics.text(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "tiny-vllm", "max_model_len": loop.engine.max_model_len}]}
+
+    def admit(name: str) -> None:
+        if name != model_name:
+            raise OpenAIError(404, f"model {name!r} does not exist; this server serves {model_name!r}", "model")
+        if loop.num_waiting >= max_waiting:
+            raise OpenAIError(503, f"{loop.num_waiting} requests are waiting (--max-waiting {max_waiting}); "
+                              "retry later")
+
+    def encode(prompt, param: str) -> list[int]:
+        """Token ids, checked against the vocabulary and max_model_len (the message names both numbers)."""
+        try:
+            return loop.engine.prompts.encode(prompt)
+        except PromptError as e:
+            raise OpenAIError(400, str(e), param) from None
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        admit(req.model)
+        params, stops = req.params(), req.stop_strings()
+        ids = encode(req.prompt, "prompt")
+        rid, sink = await loop.add(ids, params)
+        return await respond(req, rid, sink, stops, len(ids), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatCompletionRequest):
+        admit(req.model)
+        params, stops = req.params(), req.stop_strings()
+        template = tokenizer.chat_prompt([m.model_dump() for m in req.messages])
+        ids = encode(tokenizer.encode(template, add_special_tokens=False), "messages")   # it holds its BOS
+        rid, sink = await loop.add(ids, params)
+        return await respond(req, rid, sink, stops, len(ids), chat=True)
+
+    async def deltas(rid, sink, stops):
+        """(text, finish_reason, completion tokens) per step, stop strings applied; the engine's request is
+        aborted when a stop string ends it early or the consumer goes away."""
+        matcher, finished = StopMatcher(stops), False
+        try:
+            while True:
+                d = await sink.get()
+                if isinstance(d, EngineFailed):
+                    raise d
+                text = matcher.feed(d.text)
+                if matcher.stopped:
+                    finished = True
+                    yield text, "stop", d.num_tokens
+                    return
+                if d.finish_reason is not None:
+                    finished = True
+                    yield text + matcher.flush(), "stop" if d.finish_reason == "stop" else "length", d.num_tokens
+                    return
+                yield text, None, d.num_tokens
+        finally:
+            if not finished:
+                loop.abort(rid)
+
+    async def respond(req, rid, sink, stops, prompt_tokens, chat: bool):
+        kind = "chat.completion" if chat else "text_completion"
+        oid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+        def usage(n):
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+
+        def body(obj, choices, **extra):
+            return {"id": oid, "object": obj, "created": int(time.time()), "model": req.model, "choices": choices,
+                    **extra}
+
+        def choice(text, reason, stream):
+            if not chat:
+                return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+            part = text if isinstance(text, dict) else {"role": "assistant", "content": text}
+            return {"index": 0, ("delta" if stream else "message"): part, "finish_reason": reason}
+
+        if not req.stream:
+            text, reason, n = "", None, 0
+            try:
+                async for piece, reason, n in deltas(rid, sink, stops):
+                    text += piece
+            except EngineFailed as e:
+                raise OpenAIError(500, f"the engine failed this request: {e}") from None
+            return body(kind, [choice(text, reason, False)], usage=usage(n))
+
+        chunk = f"{kind}.chunk" if chat else kind
+
+        def event(obj) -> str:
+            return f"data: {json.dumps(obj)}\n\n"
+
+        async def sse():
+            n = 0
+            if chat:                      # OpenAI's first chunk names the role
+                yield event(body(chunk, [choice({"role": "assistant", "content": ""}, None, True)]))
+            try:
+                async for piece, reason, n in deltas(rid, sink, stops):
+                    if piece or reason:
+                        yield event(body(chunk, [choice({"content": piece} if chat else piece, reason, True)]))
+            except EngineFailed as e:
+                yield event(OpenAIError(500, f"the engine failed this request: {e}").body())
+            if req.stream_options and req.stream_options.include_usage:
+                yield event(body(chunk, [], usage=usage(n)))
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream")
+
+    return app

@@ -1,0 +1,179 @@
+"""One thread owns the engine and drives its step() while requests exist; HTTP handlers talk to it by messages.
+
+    handler --add(prompt, params)--> inbox --> loop thread: engine.add_request (errors go back to the handler)
+    loop thread: engine.step() --> each RequestOutput --> that request's asyncio.Queue (call_soon_threadsafe)
+    handler --abort(id)--> inbox --> loop thread: engine.abort_request (a disconnect frees its slot by the next step)
+
+The engine is not thread-safe and need not be: only this thread touches it. Between steps the thread takes every
+message waiting in the inbox, so requests arriving during a step join the next one (iteration-level scheduling
+seen from outside). With nothing to run it sleeps on the inbox.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from .metrics import ServerMetrics
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one step gave one request, copied out of the engine's RequestOutput (whose lists the engine keeps
+    extending): the new tokens and text, the count so far, and the finish reason once there is one."""
+
+    token_ids: list[int]
+    text: str
+    num_tokens: int
+    finish_reason: str | None
+
+
+class EngineFailed(Exception):
+    """The request ended without finishing: the engine raised in its step, or the server is shutting down."""
+
+
+class ShuttingDown(Exception):
+    """The loop has stopped; no request is taken any more."""
+
+
+@dataclass
+class _Live:
+    sink: tuple                  # (the handler's event loop, its asyncio.Queue)
+    queued: float                # time.perf_counter() at add
+    last: float | None = None    # when its latest token reached the loop
+
+
+class EngineLoop:
+    def __init__(self, engine, metrics: ServerMetrics | None = None):
+        self.engine, self.metrics = engine, metrics or ServerMetrics()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()    # a message is put only while the loop takes them (see stop)
+        self._stopped = False
+        self._live: dict[str, _Live] = {}                      # loop thread only
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.num_running = self.num_waiting = 0                # the engine's counts after the latest step
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the loop: every request in flight ends with EngineFailed("server shutting down"), and later
+        add() calls raise ShuttingDown. Safe to call more than once, from any thread."""
+        self._put(("stop",), missing_ok=True)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ called from the event loop
+    async def add(self, prompt_ids: list[int], params) -> tuple[str, asyncio.Queue]:
+        """Queue a request; returns its id and the queue its Deltas (or an EngineFailed) arrive on. The engine's
+        validation error, if any, is raised here."""
+        loop, sink = asyncio.get_running_loop(), asyncio.Queue()
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        rid = f"cmpl-{next(self._ids)}"
+        self._put(("add", rid, prompt_ids, params, (loop, sink), done))
+        await asyncio.wrap_future(done)
+        return rid, sink
+
+    def abort(self, request_id) -> None:
+        self._put(("abort", request_id), missing_ok=True)
+
+    def _put(self, message, missing_ok: bool = False) -> None:
+        with self._lock:
+            if self._stopped:
+                if missing_ok:
+                    return
+                raise ShuttingDown("the server is shutting down")
+            self._inbox.put(message)
+
+    # ------------------------------------------------------------------ the loop thread
+    def _run(self) -> None:
+        while True:
+            idle = not self.engine.has_unfinished_requests()
+            msgs = [self._inbox.get()] if idle else []     # nothing to run: sleep until a message
+            while True:
+                try:
+                    msgs.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for m in msgs:
+                if m[0] == "stop":
+                    self._shut_down()
+                    return
+                self._handle(m)
+            if self.engine.has_unfinished_requests():
+                self._step()
+            self._count()
+
+    def _handle(self, m) -> None:
+        if m[0] == "add":
+            _, rid, prompt, params, sink, done = m
+            try:
+                self.engine.add_request(prompt, params, request_id=rid)
+            except Exception as e:  # noqa: BLE001  a bad prompt or params: the handler gets it, the loop goes on
+                done.set_exception(e)
+                return
+            self._live[rid] = _Live(sink, time.perf_counter())
+            self.metrics.prompt_tokens.inc(len(prompt))
+            done.set_result(rid)
+        elif m[0] == "abort" and m[1] in self._live:
+            self.engine.abort_request(m[1])
+            del self._live[m[1]]
+            self.metrics.finished.labels("abort").inc()
+
+    def _step(self) -> None:
+        try:
+            outs = self.engine.step()
+        except Exception as e:  # noqa: BLE001  the engine broke this step: its requests end, the server goes on
+            self._fail_all(f"{type(e).__name__}: {e}")
+            return
+        now = time.perf_counter()
+        for o in outs:
+            live = self._live.get(o.request_id)
+            if live is None:                 # aborted while its step ran
+                continue
+            m = self.metrics
+            m.generation_tokens.inc(len(o.new_token_ids))
+            (m.ttft if live.last is None else m.itl).observe(now - (live.queued if live.last is None else live.last))
+            live.last = now
+            self._send(live.sink, Delta(list(o.new_token_ids), o.text_delta, len(o.token_ids), o.finish_reason))
+            if o.finish_reason is not None:
+                del self._live[o.request_id]
+                m.finished.labels(o.finish_reason).inc()
+
+    def _count(self) -> None:
+        self.num_running, self.num_waiting = self.engine.num_requests()
+        self.metrics.running.set(self.num_running)
+        self.metrics.waiting.set(self.num_waiting)
+
+    def _fail_all(self, why: str) -> None:
+        for rid, live in list(self._live.items()):
+            self.engine.abort_request(rid)
+            self._send(live.sink, EngineFailed(why))
+            self.metrics.finished.labels("abort").inc()
+        self._live.clear()
+
+    def _shut_down(self) -> None:
+        with self._lock:                     # from here on _put() refuses: nothing can land in the inbox unread
+            self._stopped = True
+        while True:
+            try:
+                m = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if m[0] == "add":
+                m[-1].set_exception(ShuttingDown("the server is shutting down"))
+        self._fail_all("server shutting down")
+        self._count()
+
+    @staticmethod
+    def _send(sink, item) -> None:
+        loop, q = sink
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:                 # that event loop is closed: nobody is listening
+            pass

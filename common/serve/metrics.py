@@ -1,0 +1,40 @@
+"""The server's Prometheus metrics (GET /metrics, text format), named as vLLM names its own (vllm: -> tiny_vllm:).
+
+    tiny_vllm:num_requests_running        gauge      requests the engine runs (each holds a seq_slot)
+    tiny_vllm:num_requests_waiting        gauge      requests queued for a seq_slot
+    tiny_vllm:prompt_tokens_total         counter    prompt tokens of the requests admitted
+    tiny_vllm:generation_tokens_total     counter    tokens generated
+    tiny_vllm:time_to_first_token_seconds histogram  request queued -> its first token
+    tiny_vllm:inter_token_latency_seconds histogram  between a request's tokens
+    tiny_vllm:request_success_total       counter    finished requests, by finish reason (abort included)
+
+Each server has its own registry, so that two in one process (tests) do not share counts.
+"""
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60)
+
+
+class ServerMetrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.running = Gauge("tiny_vllm:num_requests_running", "requests the engine runs", registry=r)
+        self.waiting = Gauge("tiny_vllm:num_requests_waiting", "requests queued for a seq_slot", registry=r)
+        self.prompt_tokens = Counter("tiny_vllm:prompt_tokens", "prompt tokens admitted", registry=r)
+        self.generation_tokens = Counter("tiny_vllm:generation_tokens", "tokens generated", registry=r)
+        self.ttft = Histogram("tiny_vllm:time_to_first_token_seconds", "request queued -> first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("tiny_vllm:inter_token_latency_seconds", "between a request's tokens",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.finished = Counter("tiny_vllm:request_success", "finished requests", ["finished_reason"], registry=r)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

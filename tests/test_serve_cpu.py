@@ -1,0 +1,232 @@
+"""CPU tier: the OpenAI-compatible server on a loopback port over the numpy reference engine, driven by the real
+`openai` client: completions and chat, streaming and not, seeds, stop strings, concurrent streams, a client that
+goes away, and the errors a malformed request gets."""
+import json
+import re
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from common.reference import ReferenceEngine
+from common.sampling import SamplingParams
+
+openai = pytest.importorskip("openai", reason="the server tests drive it with the openai client (the dev extra)")
+uvicorn = pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
+
+from common.serve.app import build_app
+from common.serve.engine_loop import EngineLoop
+from common.serve.server import Server, loopback_socket
+
+MODEL = "tiny"
+
+
+class Recording(ReferenceEngine):
+    """The reference engine, keeping the ids it was asked to abort."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.aborted: list = []
+
+    def abort_request(self, request_id) -> None:
+        self.aborted.append(request_id)
+        super().abort_request(request_id)
+
+
+class Running:
+    """A server on a free loopback port, in a thread, over its own engine loop."""
+
+    def __init__(self, engine, **app_options):
+        self.loop = EngineLoop(engine)
+        self.loop.start()
+        sock = loopback_socket()
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server = Server(build_app(self.loop, MODEL, **app_options), self.loop, log_level="warning")
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        for _ in range(200):                      # bounded: 10 s for the server to come up
+            if self.server.started:
+                break
+            time.sleep(0.05)
+        assert self.server.started, "the server did not start in 10 s"
+
+    def client(self):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+    def close(self):
+        self.server.handle_exit(signal.SIGINT, None)    # what Ctrl-C does
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the server did not shut down in 10 s"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    running = Running(Recording(str(tiny_dir), max_model_len=96, max_num_seqs=4))
+    yield running.url, running.loop
+    running.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir):
+    return ReferenceEngine(str(tiny_dir), max_model_len=96)
+
+
+def greedy(n):
+    return SamplingParams(max_tokens=n, temperature=0.0)
+
+
+def test_completion_equals_the_engine_alone(client, reference):
+    got = client.completions.create(model=MODEL, prompt="Hello, world", max_tokens=8, temperature=0)
+    want = reference.generate(["Hello, world"], greedy(8))[0]
+    assert got.choices[0].text == want.text and got.choices[0].finish_reason == "length"
+    assert got.usage.completion_tokens == 8 and got.usage.prompt_tokens == len(want.prompt_token_ids)
+
+
+def test_a_stream_says_what_the_whole_answer_says(client):
+    whole = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=10, temperature=0)
+    chunks = list(client.completions.create(model=MODEL, prompt="Once upon", max_tokens=10, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_chat_uses_the_template_and_streams(client, reference):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    got = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=6, temperature=0)
+    ids = reference.prompts.tokenizer.encode_chat(messages)
+    assert got.choices[0].message.content == reference.generate([ids], greedy(6))[0].text
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0,
+                                            stream=True)
+    parts = [c.choices[0].delta for c in stream]
+    assert parts[0].role == "assistant"
+    assert "".join(p.content or "" for p in parts) == got.choices[0].message.content
+
+
+def test_seeds_reproduce_and_differ(client):
+    def sample(seed):
+        return client.completions.create(model=MODEL, prompt="abc", max_tokens=12, temperature=1.0,
+                                         seed=seed).choices[0].text
+    assert sample(7) == sample(7)
+    assert len({sample(s) for s in range(4)}) > 1
+
+
+def test_a_stop_string_ends_the_text_before_it(client):
+    full = client.completions.create(model=MODEL, prompt="Hello", max_tokens=16, temperature=0).choices[0].text
+    cut = next(i for i in range(2, len(full) - 2) if full[i:i + 2].strip())   # a visible 2-character stop
+    got = client.completions.create(model=MODEL, prompt="Hello", max_tokens=16, temperature=0,
+                                    stop=[full[cut:cut + 2]])
+    assert got.choices[0].text == full[:full.find(full[cut:cut + 2])]
+    assert got.choices[0].finish_reason == "stop"
+
+
+def test_concurrent_streams_each_get_their_own_tokens(client, reference):
+    prompts = [f"request {i}:" for i in range(12)]
+    want = [o.text for o in reference.generate(prompts, greedy(6))]
+    got = [None] * len(prompts)
+
+    def one(i):
+        stream = client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=6, temperature=0, stream=True)
+        got[i] = "".join(c.choices[0].text for c in stream)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == want
+
+
+def test_a_client_that_goes_away_is_aborted(client, server):
+    _, loop = server
+    stream = client.completions.create(model=MODEL, prompt="tell me", max_tokens=80, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    before = len(loop.engine.aborted)
+    next(iter(stream))
+    stream.close()
+    for _ in range(200):                          # bounded: 10 s for the abort to reach the engine
+        if len(loop.engine.aborted) > before and not loop.engine.has_unfinished_requests():
+            break
+        time.sleep(0.05)
+    assert len(loop.engine.aborted) == before + 1 and not loop.engine.has_unfinished_requests()
+
+
+def post(url, body: bytes):
+    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("body, status, param, words", [
+    (b"{bad", 400, None, "not valid JSON"),
+    (b'{"model": "tiny", "prompt": "x", "n": 2}', 400, "n", "only n=1"),
+    (b'{"model": "tiny", "prompt": "x", "logprobs": 2}', 400, "logprobs", "not supported"),
+    (b'{"model": "tiny", "prompt": "x", "temperature": -1}', 400, "temperature", "temperature=-1"),
+    (b'{"model": "tiny", "prompt": "x", "temperature": "hot"}', 400, "temperature", "valid number"),
+    (b'{"model": "tiny", "prompt": "x", "max_tokens": 0}', 400, "max_tokens", "max_tokens=0"),
+    (b'{"model": "other", "prompt": "x"}', 404, "model", "'other' does not exist"),
+    (b'{"model": "tiny"}', 400, "prompt", "Field required"),
+    (b'{"model": "tiny", "prompt": ' + json.dumps(list(range(100))).encode() + b'}', 400, "prompt",
+     "100 tokens does not fit max_model_len=96"),
+    (b'{"model": "tiny", "prompt": "x", "stop": [""]}', 400, "stop", "must not be empty"),
+])
+def test_malformed_requests_get_openai_errors(server, body, status, param, words):
+    code, answer = post(server[0] + "/v1/completions", body)
+    assert code == status and answer["error"]["param"] == param and words in answer["error"]["message"], answer
+
+
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list()] == [MODEL]
+    with urllib.request.urlopen(server[0] + "/health", timeout=10) as r:
+        assert json.loads(r.read()) == {"status": "ok"}
+
+
+def metric(url, name) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
+
+
+def test_metrics_count_tokens_and_return_to_idle(client, server):
+    url = server[0]
+    before = metric(url, "tiny_vllm:generation_tokens_total")
+    client.completions.create(model=MODEL, prompt="count me", max_tokens=5, temperature=0)
+    assert metric(url, "tiny_vllm:generation_tokens_total") == before + 5
+    assert metric(url, "tiny_vllm:time_to_first_token_seconds_count") >= 1
+    assert metric(url, "tiny_vllm:num_requests_running") == 0 == metric(url, "tiny_vllm:num_requests_waiting")
+
+
+def test_beyond_max_waiting_a_request_gets_503_with_retry_after(tiny_dir):
+    running = Running(ReferenceEngine(str(tiny_dir), max_model_len=96), max_waiting=0)
+    try:
+        req = urllib.request.Request(running.url + "/v1/completions", b'{"model": "tiny", "prompt": "x"}',
+                                     {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        assert e.value.code == 503 and e.value.headers["Retry-After"] == "1"
+        assert "--max-waiting 0" in json.loads(e.value.read())["error"]["message"]
+    finally:
+        running.close()
+
+
+def test_shutdown_ends_requests_in_flight_with_an_error(tiny_dir):
+    running = Running(ReferenceEngine(str(tiny_dir), max_model_len=96))
+    stream = running.client().completions.create(model=MODEL, prompt="a long one", max_tokens=90,
+                                                 temperature=0, stream=True, extra_body={"ignore_eos": True})
+    chunks = iter(stream)
+    next(chunks)
+    running.close()                               # bounded: asserts the server is down within 10 s
+    with pytest.raises(openai.APIError, match="shutting down"):
+        for _ in chunks:
+            pass
