@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     try:
         Server(build_app(loop, a.served_model_name or a.model, a.max_waiting), loop, host=a.host,
                port=a.port).run()
+    except KeyboardInterrupt:      # uvicorn re-raises Ctrl-C once it has shut down: that is the normal exit
+        pass
     finally:
         loop.stop()
     return 0
