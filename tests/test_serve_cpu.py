@@ -129,7 +129,7 @@ def test_a_stop_string_ends_the_text_before_it(client):
 
 
 def test_concurrent_streams_each_get_their_own_tokens(client, reference):
-    prompts = [f"request {i}:" for i in range(12)]
+    prompts = [f"request {i}:" for i in range(32)]
     want = [o.text for o in reference.generate(prompts, greedy(6))]
     got = [None] * len(prompts)
 
