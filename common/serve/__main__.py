@@ -6,21 +6,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
 import sys
 from pathlib import Path
 
-STEP_API = ("add_request", "step", "abort_request", "has_unfinished_requests")
+STEP_API = ("add_request", "step", "abort_request", "has_unfinished_requests", "num_requests")
 
 
-def stages_with_step_api() -> list[str]:
-    """Stage packages (stageNN_*) whose Engine has the step API, oldest first."""
-    root = Path(__file__).resolve().parents[2]
-    names = sorted(m.name for m in pkgutil.iter_modules([str(root)]) if m.name[:5] == "stage" and m.name[5:7].isdigit())
-    return [n for n in names if all(hasattr(importlib.import_module(n).Engine, a) for a in STEP_API)]
+def has_step_api(module: str) -> bool:
+    return all(hasattr(importlib.import_module(module).Engine, a) for a in STEP_API)
 
 
 def build_engine(stage: str | None, model: str, max_model_len: int | None):
+    from common.bench import stage_module
     from common.device import has_gpu
 
     usable, why = has_gpu()
@@ -30,11 +27,14 @@ def build_engine(stage: str | None, model: str, max_model_len: int | None):
         print(f"{why}: serving the numpy reference engine on {model} (slow; for tests and reading)",
               file=sys.stderr)
         return ReferenceEngine(model, max_model_len=max_model_len)
-    names = stages_with_step_api()
-    chosen = [n for n in names if stage is None or n[5:7] == stage.zfill(2)]
-    if not chosen:
-        raise SystemExit(f"--stage {stage}: no stage with the step API by that number (have: {', '.join(names)})")
-    return importlib.import_module(chosen[-1]).Engine(model, max_model_len=max_model_len)
+    if stage is None:          # the newest stage that has the API
+        root = Path(__file__).resolve().parents[2]
+        names = sorted(p.name for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
+        name = [n for n in names if has_step_api(n)][-1]
+    elif not has_step_api(name := stage_module(stage)):
+        raise SystemExit(f"--stage {stage}: {name} has no step API (add_request / step / abort_request); "
+                         "stage05 and later have it")
+    return importlib.import_module(name).Engine(model, max_model_len=max_model_len)
 
 
 def main(argv=None) -> int:
