@@ -33,7 +33,7 @@ class LLMEngine:
         self.max_model_len = prompts.max_model_len
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens)
         self._auto_ids = itertools.count()
-        self._live: dict = {}          # request id -> its text stream (DetokenizeStream)
+        self._live: dict = {}          # request id -> its text stream (DetokenizeStream), or None: final only
         self.timings: list[Timing] = []   # generate() / stream(): each request's, in prompt order
 
     # ------------------------------------------------------------------ the step API
@@ -42,7 +42,9 @@ class LLMEngine:
         engine is left as it was."""
         return self._add(prompt, params, request_id).request_id
 
-    def _add(self, prompt, params: SamplingParams, request_id) -> Sequence:
+    def _add(self, prompt, params: SamplingParams, request_id, final_only: bool = False) -> Sequence:
+        """final_only (vLLM's RequestOutputKind.FINAL_ONLY, which its generate() uses): step() reports the
+        request once, when it finishes, with its text decoded then; no text is streamed token by token."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
         ids = self.prompts.encode(prompt)
@@ -52,7 +54,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         seq = Sequence(request_id, ids, params, self.prompts.stop_ids(params), seed, Timing(len(ids)))
-        self._live[request_id] = self.tokenizer.stream()
+        self._live[request_id] = None if final_only else self.tokenizer.stream()
         self.scheduler.add(seq)
         return seq
 
@@ -82,6 +84,13 @@ class LLMEngine:
         outs = []
         for seq in self.scheduler.update(plan, sampled, self._finish_reason):
             text = self._live[seq.request_id]
+            if text is None:                       # final only: nothing until it finishes, then all its text
+                if seq.finished:
+                    del self._live[seq.request_id]
+                    text = self.tokenizer.decode(seq.new)
+                    outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, text, seq.finish_reason,
+                                              seq.new, text))
+                continue
             delta = text.step(seq.new[-1])
             if seq.finished:                       # the last delta flushes a held-back partial character
                 delta += text.finish(seq.new)
@@ -103,7 +112,7 @@ class LLMEngine:
         """Every prompt to completion; outputs in prompt order. Every prompt is validated before any runs."""
         requests = self.prompts.requests(prompts, params)
         self.scheduler.stats = SchedulerStats()    # this call's counters
-        seqs = [self._add(p, sp, None) for p, sp in requests]
+        seqs = [self._add(p, sp, None, final_only=True) for p, sp in requests]
         self.timings = [s.timing for s in seqs]
         ids = [s.request_id for s in seqs]
         done: dict = {}

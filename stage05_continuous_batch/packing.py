@@ -47,14 +47,20 @@ class StepInputs:
 def pack(out: SchedulerOutput, max_model_len: int) -> StepInputs:
     tokens, positions, seq_slots, logit_rows, logit_seq_slots, counters = [], [], [], [], [], []
     for c in out.chunks:
-        s = c.seq
-        if c.start + c.n > min(s.length, max_model_len):
-            raise IndexError(f"request {s.request_id!r}: rows {c.start}..{c.start + c.n - 1} past its "
-                             f"{s.length} tokens or max_model_len={max_model_len}")
-        tokens += s.tokens(c.start, c.n)
-        positions += range(c.start, c.start + c.n)
-        seq_slots += [s.seq_slot] * c.n
-        if c.samples:
+        s, start, n = c.seq, c.start, c.n
+        length = s.length
+        if start + n > min(length, max_model_len):
+            raise IndexError(f"request {s.request_id!r}: rows {start}..{start + n - 1} past its "
+                             f"{length} tokens or max_model_len={max_model_len}")
+        if n == 1:                      # a decode row, most rows of most steps: no per-row lists built
+            tokens.append(s.new[-1] if start == length - 1 and s.new else s.tokens(start, 1)[0])
+            positions.append(start)
+            seq_slots.append(s.seq_slot)
+        else:
+            tokens += s.tokens(start, n)
+            positions += range(start, start + n)
+            seq_slots += [s.seq_slot] * n
+        if start + n == length:         # c.samples, without a second look at the sequence
             logit_rows.append(len(tokens) - 1)
             logit_seq_slots.append(s.seq_slot)
             counters.append(len(s.new))

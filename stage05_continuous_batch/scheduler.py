@@ -160,20 +160,20 @@ class Scheduler:
         samplers = out.sampling
         if len(sampled) != len(samplers):
             raise ValueError(f"{len(sampled)} sampled tokens for {len(samplers)} sampling rows")
-        tokens = dict(zip(map(id, samplers), sampled.tolist() if hasattr(sampled, "tolist") else sampled))
-        advanced = []
         for c in out.chunks:
-            s = c.seq
-            if s.finished:                     # aborted between schedule() and update(): its rows are dropped
+            if not c.seq.finished:             # aborted between schedule() and update(): its rows are dropped
+                c.seq.num_computed += c.n
+        advanced = []
+        for c, token in zip(samplers, sampled.tolist() if hasattr(sampled, "tolist") else sampled):
+            s = c.seq                          # out.sampling keeps the chunks' order, so advanced does too
+            if s.finished:
                 continue
-            s.num_computed += c.n
-            if id(c) in tokens:
-                s.new.append(tokens[id(c)])
-                s.timing.tick()
-                advanced.append(s)
-                reason = finish_reason(s)
-                if reason is not None:
-                    self._finish(s, reason)
+            s.new.append(token)
+            s.timing.tick()
+            advanced.append(s)
+            reason = finish_reason(s)
+            if reason is not None:
+                self._finish(s, reason)
         self.stats.slot_steps_used += len(advanced)
         return advanced
 

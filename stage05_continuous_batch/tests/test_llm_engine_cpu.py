@@ -66,6 +66,25 @@ def test_generate_equals_each_request_alone_with_chunked_prefill(reference):
     assert any(len(p) > 16 for p in prompts)                  # some prompt was prefilled in chunks
 
 
+def test_generate_reports_each_request_once_when_it_finishes(reference):
+    """generate()'s requests are final only (vLLM's FINAL_ONLY): no per-step output or text until they finish."""
+    prompts, params = workload(n=5, seed=3)
+    eng, _ = engine(reference)
+    seen, step = [], eng.step
+
+    def spy():                                               # every output step() gives
+        outs = step()
+        seen.extend(outs)
+        return outs
+
+    eng.step = spy
+    got = eng.generate(prompts, params)
+    assert sorted(o.request_id for o in seen) == sorted(set(o.request_id for o in seen))   # once each
+    assert len(seen) == len(prompts) and all(o.finished for o in seen)
+    assert [o.new_token_ids for o in seen] == [o.token_ids for o in seen]
+    assert sorted(o.text for o in seen) == sorted(o.text for o in got)
+
+
 def test_requests_added_between_steps_get_the_same_tokens(reference):
     prompts, params = workload(seed=1)
     want = reference.generate(prompts, params)
