@@ -182,6 +182,10 @@ class ReferenceEngine:
         """(running, waiting)."""
         return len(self._running), len(self._waiting)
 
+    def kv_cache_usage(self) -> float:
+        """The share of the cache that running requests hold (here: one of max_num_seqs slots each)."""
+        return len(self._running) / self.max_num_seqs
+
     def abort_request(self, request_id) -> None:
         for queue in (self._waiting, self._running):
             for r in list(queue):

@@ -83,6 +83,9 @@ class Engine:
     def num_requests(self) -> tuple[int, int]:
         return self.llm.num_requests()
 
+    def kv_cache_usage(self) -> float:
+        return self.llm.kv_cache_usage()
+
     def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
         """Run every prompt (text or token ids) to completion; the outputs come back in the order of the
         prompts. The counters in `stats` and the `timings` are this call's."""

@@ -69,6 +69,10 @@ class LLMEngine:
         """(running, waiting): running requests hold a seq_slot each."""
         return len(self.scheduler.running), len(self.scheduler.waiting)
 
+    def kv_cache_usage(self) -> float:
+        """The share of the KV cache held: every running request holds one seq_slot's whole region."""
+        return len(self.scheduler.running) / self.scheduler.max_num_seqs
+
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()

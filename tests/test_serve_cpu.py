@@ -2,7 +2,6 @@
 `openai` client: completions and chat, streaming and not, seeds, stop strings, concurrent streams, a client that
 goes away, and the errors a malformed request gets."""
 import json
-import re
 import signal
 import threading
 import time
@@ -19,6 +18,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="the server needs fastapi and uv
 
 from common.serve.app import build_app
 from common.serve.engine_loop import EngineLoop
+from common.serve.metrics import read_metric
 from common.serve.server import Server, loopback_socket
 
 MODEL = "tiny"
@@ -194,8 +194,7 @@ def test_models_and_health(client, server):
 
 def metric(url, name) -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
+        return read_metric(r.read().decode(), name)
 
 
 def test_metrics_count_tokens_and_return_to_idle(client, server):
@@ -205,6 +204,7 @@ def test_metrics_count_tokens_and_return_to_idle(client, server):
     assert metric(url, "tiny_vllm:generation_tokens_total") == before + 5
     assert metric(url, "tiny_vllm:time_to_first_token_seconds_count") >= 1
     assert metric(url, "tiny_vllm:num_requests_running") == 0 == metric(url, "tiny_vllm:num_requests_waiting")
+    assert metric(url, "tiny_vllm:kv_cache_usage_perc") == 0
 
 
 def test_beyond_max_waiting_a_request_gets_503_with_retry_after(tiny_dir):

@@ -9,7 +9,7 @@ import importlib
 import sys
 from pathlib import Path
 
-STEP_API = ("add_request", "step", "abort_request", "has_unfinished_requests", "num_requests")
+STEP_API = ("add_request", "step", "abort_request", "has_unfinished_requests", "num_requests", "kv_cache_usage")
 
 
 def has_step_api(module: str) -> bool:

@@ -149,6 +149,7 @@ class EngineLoop:
         self.num_running, self.num_waiting = self.engine.num_requests()
         self.metrics.running.set(self.num_running)
         self.metrics.waiting.set(self.num_waiting)
+        self.metrics.kv_cache_usage.set(self.engine.kv_cache_usage())
 
     def _fail_all(self, why: str) -> None:
         for rid, live in list(self._live.items()):

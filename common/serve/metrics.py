@@ -2,6 +2,7 @@
 
     tiny_vllm:num_requests_running        gauge      requests the engine runs (each holds a seq_slot)
     tiny_vllm:num_requests_waiting        gauge      requests queued for a seq_slot
+    tiny_vllm:kv_cache_usage_perc         gauge      the share of the KV cache held (0..1), as vLLM's
     tiny_vllm:prompt_tokens_total         counter    prompt tokens of the requests admitted
     tiny_vllm:generation_tokens_total     counter    tokens generated
     tiny_vllm:time_to_first_token_seconds histogram  request queued -> its first token
@@ -11,6 +12,8 @@
 Each server has its own registry, so that two in one process (tests) do not share counts.
 """
 from __future__ import annotations
+
+import re
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,6 +31,8 @@ class ServerMetrics:
         self.registry = r = CollectorRegistry()
         self.running = Gauge("tiny_vllm:num_requests_running", "requests the engine runs", registry=r)
         self.waiting = Gauge("tiny_vllm:num_requests_waiting", "requests queued for a seq_slot", registry=r)
+        self.kv_cache_usage = Gauge("tiny_vllm:kv_cache_usage_perc", "share of the KV cache held (0..1)",
+                                    registry=r)
         self.prompt_tokens = Counter("tiny_vllm:prompt_tokens", "prompt tokens admitted", registry=r)
         self.generation_tokens = Counter("tiny_vllm:generation_tokens", "tokens generated", registry=r)
         self.ttft = Histogram("tiny_vllm:time_to_first_token_seconds", "request queued -> first token",
@@ -38,3 +43,8 @@ class ServerMetrics:
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def read_metric(text: str, name: str) -> float:
+    """A metric's value in /metrics text, summed over its labels (0 when absent)."""
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))

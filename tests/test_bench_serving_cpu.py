@@ -1,0 +1,67 @@
+"""CPU tier: the load generator of common.bench_serving against a loopback server over the numpy engine: every
+streamed request gets all its tokens and the same text as the engine alone, a fault run's disconnected clients
+are aborted and its malformed requests refused, and /metrics reads idle after each run."""
+import asyncio
+
+import numpy as np
+import pytest
+
+pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
+pytest.importorskip("openai", reason="the server tests use the openai client (the dev extra)")
+
+from common.bench_serving import check, figures, idle_metrics, plan, send_all
+from common.reference import ReferenceEngine
+from common.sampling import SamplingParams
+
+from .test_serve_cpu import MODEL, Recording, Running
+
+
+def requests(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, 120, int(rng.integers(2, 20))).tolist(),
+             SamplingParams(max_tokens=int(rng.integers(2, 12)), temperature=0.0, ignore_eos=True))
+            for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def running(tiny_dir):
+    r = Running(Recording(str(tiny_dir), max_model_len=96, max_num_seqs=4))
+    yield r
+    r.close()
+
+
+def port(running):
+    return int(running.url.rsplit(":", 1)[1])
+
+
+def test_a_load_run_streams_every_token_and_the_engines_text(running, tiny_dir):
+    reqs = requests()
+    planned = plan(reqs, MODEL, fault=False)
+    results, wall = asyncio.run(send_all("127.0.0.1", port(running), planned, concurrency=5, rate=float("inf")))
+    assert check(planned, results) == []
+    want = ReferenceEngine(str(tiny_dir), max_model_len=96).generate([p for p, _ in reqs], [s for _, s in reqs])
+    assert [r.text for r in results] == [w.text for w in want]
+    f = figures(planned, results, wall)
+    assert f["completed"] == len(reqs) and f["output_tok_per_s"] > 0 and f["ttft_p50_ms"] <= f["ttft_p99_ms"]
+    assert not any(idle_metrics(running.url).values())
+
+
+def test_a_fault_run_aborts_the_clients_that_leave_and_refuses_the_malformed(running):
+    reqs = requests(n=40, seed=1)
+    planned = plan(reqs, MODEL, fault=True, seed=3)
+    gone, bad = sum(p.disconnect_after is not None for p in planned), sum(p.malformed for p in planned)
+    assert gone and bad                                     # the seed draws both kinds
+    before = len(running.loop.engine.aborted)
+    results, _ = asyncio.run(send_all("127.0.0.1", port(running), planned, concurrency=8, rate=200.0))
+    assert check(planned, results) == []                    # every other request complete, every bad one a 400
+    assert not any(idle_metrics(running.url).values())
+    # a client that left before its last token was aborted (one that left as its last token came may finish)
+    assert 0 < len(running.loop.engine.aborted) - before <= gone
+
+
+def test_check_names_a_request_short_of_its_tokens():
+    planned = plan(requests(n=2), MODEL, fault=False)
+    from common.serve.client import StreamResult
+
+    short = [StreamResult(200, completion_tokens=p.max_tokens - 1, finish_reason="length") for p in planned]
+    assert [w.split(":")[0] for w in check(planned, short)] == ["request 0", "request 1"]
