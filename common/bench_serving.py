@@ -198,6 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--fault", action="store_true", help="and a run with disconnects and malformed requests")
     ap.add_argument("--no-direct", action="store_true", help="skip the engine-direct run")
+    ap.add_argument("--num-requests", type=int, help="only the workload's first N requests (a smoke run)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     a = ap.parse_args(argv)
     w = WORKLOADS[a.workload]
@@ -206,14 +207,16 @@ def main(argv=None) -> int:
     record = {"workload": f"serving-{a.workload}", "model": a.model, "stage": stage,
               "date": started.date().isoformat(), "time": started.strftime("%H:%M:%S"),
               "environment": environment(), "concurrency": a.concurrency, "request_rate": a.request_rate,
-              "repeats": a.repeats}
+              "repeats": a.repeats, "num_requests": a.num_requests or w.requests}
     if not a.no_direct:
+        if a.num_requests:
+            raise SystemExit("--num-requests is for smoke runs of the server alone: add --no-direct")
         record["direct"] = run_worker(a.stage, a.model, a.workload, a.repeats, None, verbose=False)
         print("direct: " + json.dumps(record["direct"])[:400], file=sys.stderr, flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     server = ServerProcess(a.stage, a.model, w.max_model_len, a.out / f"serve-{a.workload}.log")
     try:
-        requests = make_requests(a.workload)
+        requests = make_requests(a.workload)[:a.num_requests]
         record["server"] = serve_runs(server.url, requests, a.model, a.concurrency, a.request_rate, a.repeats,
                                       a.fault)
     finally:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
 # $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05 (pytest-benchmark files), latency, batch,
-# long, long-hf-32k, ragged (the harness against the baselines), or all (default; longer than one 10-minute device call).
+# long, long-hf-32k, ragged (the harness against the baselines), serve, serve-rate (the server under load), or all
+# (default; longer than one 10-minute device call).
 # LATENCY_STAGES, BATCH_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
@@ -62,6 +63,11 @@ want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04,05 
 # the naive attention of stages 02-05 needs ~1 min per 32K prefill: long-hf-32k measures the baseline alone there
 want long-hf-32k && run harness-long-hf-32k python3 -m common.bench --stages hf-sdpa --workload long --lengths 32768 \
     --out "$logs"
+# the server under load (issue 14): 256 concurrent streaming clients against the engine alone, then a fault run;
+# serve-rate: the same requests arriving at a fixed rate (Poisson, SERVE_RATE per second)
+want serve && run serve-ragged python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --fault --out "$logs"
+want serve-rate && run serve-ragged-rate python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --no-direct \
+    --request-rate ${SERVE_RATE:-16} --out "$logs"
 want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,05} --workload ragged --verbose --out "$logs"
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q

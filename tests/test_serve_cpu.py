@@ -230,3 +230,15 @@ def test_shutdown_ends_requests_in_flight_with_an_error(tiny_dir):
     with pytest.raises(openai.APIError, match="shutting down"):
         for _ in chunks:
             pass
+
+
+def test_return_token_ids_gives_the_prompt_and_the_generated_ids(client, reference):
+    want = reference.generate(["ids please"], greedy(7))[0]
+    got = client.completions.create(model=MODEL, prompt="ids please", max_tokens=7, temperature=0,
+                                    extra_body={"return_token_ids": True}).model_dump()
+    assert got["prompt_token_ids"] == want.prompt_token_ids and got["choices"][0]["token_ids"] == want.token_ids
+    chunks = [c.model_dump() for c in client.completions.create(
+        model=MODEL, prompt="ids please", max_tokens=7, temperature=0, stream=True,
+        extra_body={"return_token_ids": True})]
+    assert chunks[0]["prompt_token_ids"] == want.prompt_token_ids and "prompt_token_ids" not in chunks[1]
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == want.token_ids

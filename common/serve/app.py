@@ -81,7 +81,7 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
         params, stops = req.params(), req.stop_strings()
         ids = encode(req.prompt, "prompt")
         rid, sink = await loop.add(ids, params)
-        return await respond(req, rid, sink, stops, len(ids), chat=False)
+        return await respond(req, rid, sink, stops, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest):
@@ -90,11 +90,11 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
         template = tokenizer.chat_prompt([m.model_dump() for m in req.messages])
         ids = encode(tokenizer.encode(template, add_special_tokens=False), "messages")   # it holds its BOS
         rid, sink = await loop.add(ids, params)
-        return await respond(req, rid, sink, stops, len(ids), chat=True)
+        return await respond(req, rid, sink, stops, ids, chat=True)
 
     async def deltas(rid, sink, stops):
-        """(text, finish_reason, completion tokens) per step, stop strings applied; the engine's request is
-        aborted when a stop string ends it early or the consumer goes away."""
+        """(text, finish_reason, completion tokens, new token ids) per step, stop strings applied; the engine's
+        request is aborted when a stop string ends it early or the consumer goes away."""
         matcher, finished = StopMatcher(stops), False
         try:
             while True:
@@ -104,20 +104,23 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
                 text = matcher.feed(d.text)
                 if matcher.stopped:
                     finished = True
-                    yield text, "stop", d.num_tokens
+                    yield text, "stop", d.num_tokens, d.token_ids
                     return
                 if d.finish_reason is not None:
                     finished = True
-                    yield text + matcher.flush(), "stop" if d.finish_reason == "stop" else "length", d.num_tokens
+                    yield (text + matcher.flush(), "stop" if d.finish_reason == "stop" else "length", d.num_tokens,
+                           d.token_ids)
                     return
-                yield text, None, d.num_tokens
+                yield text, None, d.num_tokens, d.token_ids
         finally:
             if not finished:
                 loop.abort(rid)
 
-    async def respond(req, rid, sink, stops, prompt_tokens, chat: bool):
+    async def respond(req, rid, sink, stops, prompt_ids: list[int], chat: bool):
         kind = "chat.completion" if chat else "text_completion"
         oid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+        prompt_tokens = len(prompt_ids)
 
         def usage(n):
             return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
@@ -126,20 +129,25 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
             return {"id": oid, "object": obj, "created": int(time.time()), "model": req.model, "choices": choices,
                     **extra}
 
-        def choice(text, reason, stream):
+        def choice(text, reason, stream, ids=None):
             if not chat:
-                return {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
-            part = text if isinstance(text, dict) else {"role": "assistant", "content": text}
-            return {"index": 0, ("delta" if stream else "message"): part, "finish_reason": reason}
+                c = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+            else:
+                part = text if isinstance(text, dict) else {"role": "assistant", "content": text}
+                c = {"index": 0, ("delta" if stream else "message"): part, "finish_reason": reason}
+            return c | ({"token_ids": ids} if req.return_token_ids and ids is not None else {})
+
+        ids_extra = {"prompt_token_ids": prompt_ids} if req.return_token_ids else {}
 
         if not req.stream:
-            text, reason, n = "", None, 0
+            text, reason, n, ids = "", None, 0, []
             try:
-                async for piece, reason, n in deltas(rid, sink, stops):
+                async for piece, reason, n, new in deltas(rid, sink, stops):
                     text += piece
+                    ids += new
             except EngineFailed as e:
                 raise OpenAIError(500, f"the engine failed this request: {e}") from None
-            return body(kind, [choice(text, reason, False)], usage=usage(n))
+            return body(kind, [choice(text, reason, False, ids)], usage=usage(n), **ids_extra)
 
         chunk = f"{kind}.chunk" if chat else kind
 
@@ -147,13 +155,16 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
             return f"data: {json.dumps(obj)}\n\n"
 
         async def sse():
-            n = 0
+            n, first = 0, ids_extra       # the prompt's ids (return_token_ids) go in the first chunk only
             if chat:                      # OpenAI's first chunk names the role
-                yield event(body(chunk, [choice({"role": "assistant", "content": ""}, None, True)]))
+                yield event(body(chunk, [choice({"role": "assistant", "content": ""}, None, True)], **first))
+                first = {}
             try:
-                async for piece, reason, n in deltas(rid, sink, stops):
-                    if piece or reason:
-                        yield event(body(chunk, [choice({"content": piece} if chat else piece, reason, True)]))
+                async for piece, reason, n, new in deltas(rid, sink, stops):
+                    if piece or reason or req.return_token_ids:
+                        yield event(body(chunk, [choice({"content": piece} if chat else piece, reason, True, new)],
+                                         **first))
+                        first = {}
             except EngineFailed as e:
                 yield event(OpenAIError(500, f"the engine failed this request: {e}").body())
             if req.stream_options and req.stream_options.include_usage:

@@ -92,6 +92,9 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ the loop thread
     def _run(self) -> None:
+        gpu = getattr(self.engine, "gpu", None)
+        if gpu is not None:          # a CUDA context is current per thread: make the engine's current in this one
+            gpu.device.set_current()
         while True:
             idle = not self.engine.has_unfinished_requests()
             msgs = [self._inbox.get()] if idle else []     # nothing to run: sleep until a message

@@ -3,7 +3,7 @@
     POST /v1/completions        {"model", "prompt": str | [int], "max_tokens", "temperature", "stream", ...}
     POST /v1/chat/completions   {"model", "messages": [{"role", "content"}], "max_completion_tokens", ...}
 
-Fields follow OpenAI, with vLLM's extensions (top_k, stop_token_ids, ignore_eos). A field the engine cannot honour
+Fields follow OpenAI, with vLLM's extensions (top_k, stop_token_ids, ignore_eos, return_token_ids). A field the engine cannot honour
 (n > 1, logprobs, tools) is refused with a 400 naming it, never silently ignored.
 """
 from __future__ import annotations
@@ -47,6 +47,7 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
+    return_token_ids: bool = False   # vLLM's: the prompt's and the generated token ids beside the text
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
