@@ -106,7 +106,7 @@ class _Request:
     stop: frozenset[int]
     rng: np.random.Generator
     timing: Timing
-    text: object                                   # the tokenizer's DetokenizeStream
+    text: object                                   # the tokenizer's DetokenizeStream (None: token ids only)
     new: list[int] = field(default_factory=list)
 
 
@@ -160,9 +160,10 @@ class ReferenceEngine:
 
 
     # ------------------------------------------------------------------ the step API
-    def add_request(self, prompt, params: SamplingParams, request_id: int | str | None = None) -> int | str:
+    def add_request(self, prompt, params: SamplingParams, request_id: int | str | None = None,
+                    detokenize: bool = True) -> int | str:
         """Validate and queue one request; returns its id. A bad prompt, params or id raises here, and nothing
-        is queued."""
+        is queued. detokenize=False: its outputs carry token ids and no text (the caller detokenises)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
         ids = self.prompts.encode(prompt)
@@ -172,7 +173,7 @@ class ReferenceEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self._waiting.append(_Request(request_id, ids, params, self.prompts.stop_ids(params),
                                       np.random.default_rng(params.seed), Timing(len(ids)),
-                                      self.prompts.tokenizer.stream()))
+                                      self.prompts.tokenizer.stream() if detokenize else None))
         return request_id
 
     def has_unfinished_requests(self) -> bool:
@@ -202,12 +203,13 @@ class ReferenceEngine:
             tok = sample_reference(self.model.last_logits(seq), r.params, r.rng)
             r.timing.tick()
             r.new.append(tok)
-            delta = r.text.step(tok)
+            delta = r.text.step(tok) if r.text else ""
             reason = self.prompts.finish_reason(r.new, len(seq) + 1, r.params, r.stop)
             if reason is not None:   # the last delta flushes what the stream held back (a partial character)
                 self._running.remove(r)
-                delta += r.text.finish(r.new)
-            outs.append(RequestOutput(r.request_id, r.prompt, list(r.new), r.text.text, reason, [tok], delta))
+                delta += r.text.finish(r.new) if r.text else ""
+            outs.append(RequestOutput(r.request_id, r.prompt, list(r.new), r.text.text if r.text else "", reason,
+                                      [tok], delta))
         return outs
 
 

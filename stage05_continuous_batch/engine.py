@@ -68,8 +68,8 @@ class Engine:
         self.llm = LLMEngine(GpuRunner(self.model), self.prompts, B, tokens)
 
     # ------------------------------------------------------------------ the step API (llm_engine.py)
-    def add_request(self, prompt, params: SamplingParams, request_id=None):
-        return self.llm.add_request(prompt, params, request_id)
+    def add_request(self, prompt, params: SamplingParams, request_id=None, detokenize: bool = True):
+        return self.llm.add_request(prompt, params, request_id, detokenize)
 
     def step(self) -> list[RequestOutput]:
         return self.llm.step()

@@ -13,6 +13,7 @@ a numpy runner on the CPU.
 """
 from __future__ import annotations
 
+import enum
 import itertools
 import secrets
 import time
@@ -27,23 +28,36 @@ from .scheduler import Scheduler, SchedulerStats
 from .sequence import Sequence
 
 
+
+class Report(enum.Enum):
+    """How step() reports a request that is not streamed as text."""
+
+    FINAL_ONLY = "final only"          # once, when it finishes, with all its text
+    TOKEN_IDS = "token ids"            # every step, token ids only
+
+
+FINAL_ONLY, TOKEN_IDS = Report.FINAL_ONLY, Report.TOKEN_IDS
+
+
 class LLMEngine:
     def __init__(self, runner, prompts: PromptPreparer, max_num_seqs: int, max_num_batched_tokens: int):
         self.runner, self.prompts, self.tokenizer = runner, prompts, prompts.tokenizer
         self.max_model_len = prompts.max_model_len
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens)
         self._auto_ids = itertools.count()
-        self._live: dict = {}          # request id -> its text stream (DetokenizeStream), or None: final only
+        self._live: dict = {}          # request id -> how step() reports it: its text stream (a DetokenizeStream),
+        #                                FINAL_ONLY, or TOKEN_IDS (no text: the caller detokenises)
         self.timings: list[Timing] = []   # generate() / stream(): each request's, in prompt order
 
     # ------------------------------------------------------------------ the step API
-    def add_request(self, prompt, params: SamplingParams, request_id=None):
+    def add_request(self, prompt, params: SamplingParams, request_id=None, detokenize: bool = True):
         """Validate and queue one request; returns its id. A bad prompt, params or id raises here, and the
-        engine is left as it was."""
-        return self._add(prompt, params, request_id).request_id
+        engine is left as it was. detokenize=False (vLLM's SamplingParams.detokenize): step() gives its token
+        ids and no text, for a caller that detokenises elsewhere (the server, off the engine's thread)."""
+        return self._add(prompt, params, request_id, TOKEN_IDS if not detokenize else None).request_id
 
-    def _add(self, prompt, params: SamplingParams, request_id, final_only: bool = False) -> Sequence:
-        """final_only (vLLM's RequestOutputKind.FINAL_ONLY, which its generate() uses): step() reports the
+    def _add(self, prompt, params: SamplingParams, request_id, kind=None) -> Sequence:
+        """kind FINAL_ONLY (vLLM's RequestOutputKind.FINAL_ONLY, which its generate() uses): step() reports the
         request once, when it finishes, with its text decoded then; no text is streamed token by token."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
@@ -54,7 +68,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         seq = Sequence(request_id, ids, params, self.prompts.stop_ids(params), seed, Timing(len(ids)))
-        self._live[request_id] = None if final_only else self.tokenizer.stream()
+        self._live[request_id] = kind or self.tokenizer.stream()
         self.scheduler.add(seq)
         return seq
 
@@ -88,7 +102,13 @@ class LLMEngine:
         outs = []
         for seq in self.scheduler.update(plan, sampled, self._finish_reason):
             text = self._live[seq.request_id]
-            if text is None:                       # final only: nothing until it finishes, then all its text
+            if text is TOKEN_IDS:                  # the caller detokenises
+                if seq.finished:
+                    del self._live[seq.request_id]
+                outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, "", seq.finish_reason,
+                                          [seq.new[-1]], ""))
+                continue
+            if text is FINAL_ONLY:                 # nothing until it finishes, then all its text
                 if seq.finished:
                     del self._live[seq.request_id]
                     text = self.tokenizer.decode(seq.new)
@@ -116,7 +136,7 @@ class LLMEngine:
         """Every prompt to completion; outputs in prompt order. Every prompt is validated before any runs."""
         requests = self.prompts.requests(prompts, params)
         self.scheduler.stats = SchedulerStats()    # this call's counters
-        seqs = [self._add(p, sp, None, final_only=True) for p, sp in requests]
+        seqs = [self._add(p, sp, None, FINAL_ONLY) for p, sp in requests]
         self.timings = [s.timing for s in seqs]
         ids = [s.request_id for s in seqs]
         done: dict = {}

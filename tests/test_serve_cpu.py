@@ -242,3 +242,38 @@ def test_return_token_ids_gives_the_prompt_and_the_generated_ids(client, referen
         extra_body={"return_token_ids": True})]
     assert chunks[0]["prompt_token_ids"] == want.prompt_token_ids and "prompt_token_ids" not in chunks[1]
     assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == want.token_ids
+
+
+def test_a_request_whose_processing_fails_fails_alone(client, server, monkeypatch):
+    import common.serve.app as app
+
+    class Breaks(app.StopMatcher):
+        def feed(self, text):
+            if self.stops == ["boom"]:
+                raise RuntimeError("this request's stop matching broke")
+            return super().feed(text)
+
+    monkeypatch.setattr(app, "StopMatcher", Breaks)
+    ok = [None] * 3
+
+    def fine(i):
+        ok[i] = client.completions.create(model=MODEL, prompt=f"fine {i}", max_tokens=8, temperature=0,
+                                          extra_body={"ignore_eos": True}).usage.completion_tokens
+
+    threads = [threading.Thread(target=fine, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    with pytest.raises(openai.InternalServerError, match="stop matching broke"):
+        client.completions.create(model=MODEL, prompt="doomed", max_tokens=8, temperature=0, stop=["boom"])
+    stream = client.completions.create(model=MODEL, prompt="doomed", max_tokens=8, temperature=0, stop=["boom"],
+                                       stream=True)
+    with pytest.raises(openai.APIError, match="stop matching broke"):
+        list(stream)
+    for t in threads:
+        t.join(60)
+    assert ok == [8, 8, 8]
+    for _ in range(200):                          # bounded: the failed requests' slots are freed
+        if not server[1].engine.has_unfinished_requests():
+            break
+        time.sleep(0.05)
+    assert not server[1].engine.has_unfinished_requests()

@@ -95,13 +95,17 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
     async def deltas(rid, sink, stops):
         """(text, finish_reason, completion tokens, new token ids) per step, stop strings applied; the engine's
         request is aborted when a stop string ends it early or the consumer goes away."""
-        matcher, finished = StopMatcher(stops), False
+        matcher, finished, detok, ids = StopMatcher(stops), False, tokenizer.stream(), []
         try:
             while True:
                 d = await sink.get()
                 if isinstance(d, EngineFailed):
                     raise d
-                text = matcher.feed(d.text)
+                ids += d.token_ids
+                text = "".join(detok.step(t) for t in d.token_ids)
+                if d.finish_reason is not None:    # the last piece flushes what the stream held back
+                    text += detok.finish(ids)
+                text = matcher.feed(text)
                 if matcher.stopped:
                     finished = True
                     yield text, "stop", d.num_tokens, d.token_ids
@@ -147,6 +151,8 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
                     ids += new
             except EngineFailed as e:
                 raise OpenAIError(500, f"the engine failed this request: {e}") from None
+            except Exception as e:  # noqa: BLE001  this request's own processing broke: it alone fails
+                raise OpenAIError(500, f"the server failed this request: {type(e).__name__}: {e}") from None
             return body(kind, [choice(text, reason, False, ids)], usage=usage(n), **ids_extra)
 
         chunk = f"{kind}.chunk" if chat else kind
@@ -167,6 +173,8 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
                         first = {}
             except EngineFailed as e:
                 yield event(OpenAIError(500, f"the engine failed this request: {e}").body())
+            except Exception as e:  # noqa: BLE001  this request's own processing broke: it alone fails
+                yield event(OpenAIError(500, f"the server failed this request: {type(e).__name__}: {e}").body())
             if req.stream_options and req.stream_options.include_usage:
                 yield event(body(chunk, [], usage=usage(n)))
             yield "data: [DONE]\n\n"

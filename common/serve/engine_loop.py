@@ -1,10 +1,14 @@
 """One thread owns the engine and drives its step() while requests exist; HTTP handlers talk to it by messages.
 
     handler --add(prompt, params)--> inbox --> loop thread: engine.add_request (errors go back to the handler)
-    loop thread: engine.step() --> each RequestOutput --> that request's asyncio.Queue (call_soon_threadsafe)
+    loop thread: engine.step() --> each RequestOutput's token ids --> that request's asyncio.Queue
+                 (one call_soon_threadsafe per step for all of them)
     handler --abort(id)--> inbox --> loop thread: engine.abort_request (a disconnect frees its slot by the next step)
 
-The engine is not thread-safe and need not be: only this thread touches it. Between steps the thread takes every
+The engine is not thread-safe and need not be: only this thread touches it. It hands out token ids only
+(detokenize=False): the handlers turn them into text on the event loop's thread, which runs while this one waits
+for the GPU, instead of in the gap between two steps, when the GPU waits for this thread (vLLM, for the same
+reason, detokenises in its API server process, not in its engine core). Between steps the thread takes every
 message waiting in the inbox, so requests arriving during a step join the next one (iteration-level scheduling
 seen from outside). With nothing to run it sleeps on the inbox.
 """
@@ -24,10 +28,9 @@ from .metrics import ServerMetrics
 @dataclass(frozen=True)
 class Delta:
     """What one step gave one request, copied out of the engine's RequestOutput (whose lists the engine keeps
-    extending): the new tokens and text, the count so far, and the finish reason once there is one."""
+    extending): the new tokens, the count so far, and the finish reason once there is one."""
 
     token_ids: list[int]
-    text: str
     num_tokens: int
     finish_reason: str | None
 
@@ -116,7 +119,7 @@ class EngineLoop:
         if m[0] == "add":
             _, rid, prompt, params, sink, done = m
             try:
-                self.engine.add_request(prompt, params, request_id=rid)
+                self.engine.add_request(prompt, params, request_id=rid, detokenize=False)   # the handler does
             except Exception as e:  # noqa: BLE001  a bad prompt or params: the handler gets it, the loop goes on
                 done.set_exception(e)
                 return
@@ -134,19 +137,24 @@ class EngineLoop:
         except Exception as e:  # noqa: BLE001  the engine broke this step: its requests end, the server goes on
             self._fail_all(f"{type(e).__name__}: {e}")
             return
-        now = time.perf_counter()
+        now, sends = time.perf_counter(), []
+        m = self.metrics
+        ttft, itl = [], []
         for o in outs:
             live = self._live.get(o.request_id)
             if live is None:                 # aborted while its step ran
                 continue
-            m = self.metrics
-            m.generation_tokens.inc(len(o.new_token_ids))
-            (m.ttft if live.last is None else m.itl).observe(now - (live.queued if live.last is None else live.last))
+            (ttft if live.last is None else itl).append(now - (live.queued if live.last is None else live.last))
             live.last = now
-            self._send(live.sink, Delta(list(o.new_token_ids), o.text_delta, len(o.token_ids), o.finish_reason))
+            sends.append((live.sink, Delta(list(o.new_token_ids), len(o.token_ids), o.finish_reason)))
             if o.finish_reason is not None:
                 del self._live[o.request_id]
                 m.finished.labels(o.finish_reason).inc()
+        self._send_all(sends)
+        m.generation_tokens.inc(sum(len(d.token_ids) for _, d in sends))
+        for hist, values in ((m.ttft, ttft), (m.itl, itl)):
+            for v in values:
+                hist.observe(v)
 
     def _count(self) -> None:
         self.num_running, self.num_waiting = self.engine.num_requests()
@@ -174,10 +182,24 @@ class EngineLoop:
         self._fail_all("server shutting down")
         self._count()
 
+    @classmethod
+    def _send(cls, sink, item) -> None:
+        cls._send_all([(sink, item)])
+
     @staticmethod
-    def _send(sink, item) -> None:
-        loop, q = sink
-        try:
-            loop.call_soon_threadsafe(q.put_nowait, item)
-        except RuntimeError:                 # that event loop is closed: nobody is listening
-            pass
+    def _send_all(sends) -> None:
+        """Hand a step's items to their queues with one wake-up per event loop, not one per request: each
+        call_soon_threadsafe writes to the loop's wake-up socket and makes the loop thread take the GIL."""
+        by_loop: dict = {}
+        for (loop, q), item in sends:
+            by_loop.setdefault(loop, []).append((q, item))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:             # that event loop is closed: nobody is listening
+                pass
+
+
+def _deliver(items) -> None:
+    for q, item in items:
+        q.put_nowait(item)
