@@ -85,6 +85,17 @@ def test_generate_reports_each_request_once_when_it_finishes(reference):
     assert sorted(o.text for o in seen) == sorted(o.text for o in got)
 
 
+def test_detokenize_false_gives_token_ids_and_no_text(reference):
+    eng, _ = engine(reference)
+    p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    rid = eng.add_request("quiet please", p, detokenize=False)
+    outs = []
+    while eng.has_unfinished_requests():
+        outs += eng.step()
+    assert [t for o in outs for t in o.new_token_ids] == reference.generate("quiet please", p)[0].token_ids
+    assert all(o.text == o.text_delta == "" and o.request_id == rid for o in outs) and outs[-1].finished
+
+
 def test_requests_added_between_steps_get_the_same_tokens(reference):
     prompts, params = workload(seed=1)
     want = reference.generate(prompts, params)
