@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         record["direct"] = run_worker(a.stage, a.model, a.workload, a.repeats, None, verbose=False)
         print("direct: " + json.dumps(record["direct"])[:400], file=sys.stderr, flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    server = ServerProcess(a.stage, a.model, w.max_model_len, a.out / f"serve-{a.workload}.log")
+    server = ServerProcess(a.stage, a.model, w.max_model_len, a.out / f"server-{a.workload}.log")
     try:
         requests = make_requests(a.workload)[:a.num_requests]
         record["server"] = serve_runs(server.url, requests, a.model, a.concurrency, a.request_rate, a.repeats,

@@ -145,6 +145,29 @@ def ragged_results() -> str:
     return "\n".join(rows)
 
 
+def serving_results() -> str:
+    """common.bench_serving: the server under load against the engine alone, and its fault run."""
+    rows = ["| date | GPU | engine | clients; arrivals | output tok/s via the server (min-max) | the engine alone | "
+            "overhead | TTFT p50; p99 | ITL p50; p99 (per chunk) | fault run: completed, disconnected, malformed; "
+            "problems | idle after every run |", "|" + " --- |" * 11]
+    for p in sorted(RESULTS.glob("*_serving-*.json")):
+        r = json.loads(p.read_text())
+        s, srv = r["summary"], r["server"]
+        lo, hi = s["output_tok_per_s_range"]
+        rate = "at once" if r["request_rate"] == float("inf") else f"{r['request_rate']:g}/s"
+        direct = (f"{s['direct_output_tok_per_s']:,.0f} | {100 * s['overhead']:.0f}%" if "overhead" in s
+                  else "- | -")
+        f = srv.get("fault")
+        fault = (f"{f['completed']}, {f['disconnected']}, {f['malformed']}; {len(f['problems'])}" if f else "-")
+        idle = [x["idle_after"] for x in srv["runs"]] + ([f["idle_after"]] if f else [])
+        rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{r['stage']}` | {r['concurrency']}; {rate} | "
+                    f"{s['output_tok_per_s']:,.0f} ({lo:,.0f}-{hi:,.0f}) | {direct} | "
+                    f"{s['ttft_p50_ms'] / 1e3:.2f}; {s['ttft_p99_ms'] / 1e3:.2f} s | "
+                    f"{s['itl_p50_ms']:.1f}; {s['itl_p99_ms']:.0f} ms | {fault} | "
+                    f"{'yes' if not any(v for m in idle for v in m.values()) else 'no'} |")
+    return "\n".join(rows)
+
+
 def cross_stage() -> str:
     from common.report import table
 
@@ -153,7 +176,7 @@ def cross_stage() -> str:
 
 GENERATORS = {"stage-ladder": stage_ladder, "cross-stage": cross_stage, "presets": presets,
               "latency-results": latency_results, "growth-results": growth_results, "batch-results": batch_results,
-              "ragged-results": ragged_results}   # data-driven: they read results, and name no stage
+              "ragged-results": ragged_results, "serving-results": serving_results}   # data-driven: they read results, and name no stage
 BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- end:\2 -->)", re.S)
 
 
@@ -178,7 +201,8 @@ def render(text: str, readme: Path = ROOT / "README.md") -> str:
 
 
 def readmes() -> list[Path]:
-    return [ROOT / "README.md", *sorted(ROOT.glob("stage[0-9][0-9]_*/README.md"))]
+    return [ROOT / "README.md", ROOT / "common" / "serve" / "README.md",
+            *sorted(ROOT.glob("stage[0-9][0-9]_*/README.md"))]
 
 
 def main(argv=None) -> int:
