@@ -115,6 +115,18 @@ def figures(planned: list[Planned], results: list[StreamResult], wall_s: float) 
             "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99)}
 
 
+def step_means(url: str) -> dict:
+    """The server's mean engine step and mean loop gap so far (ms), from its /metrics histograms: against the
+    engine alone's step, they say whether serving slows the steps or adds time between them."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for key, name in (("step", "tiny_vllm:engine_step_seconds"), ("gap", "tiny_vllm:engine_loop_gap_seconds")):
+        n = read_metric(text, name + "_count")
+        out[key] = (read_metric(text, name + "_sum"), n)
+    return out
+
+
 def idle_metrics(url: str, wait_s: float = 10.0) -> dict:
     """The idle gauges once the server has caught up (an abort lands at the engine's next step)."""
     deadline = time.monotonic() + wait_s
@@ -168,9 +180,13 @@ def serve_runs(url: str, requests, model: str, concurrency: int, rate: float, re
     runs, problems = [], []
     for i in range(repeats):
         planned = plan(requests, model, fault=False)
+        before = step_means(url)
         results, wall = asyncio.run(send_all(host, port, planned, concurrency, rate, seed=i))
         problems += check(planned, results)
-        runs.append(figures(planned, results, wall) | {"idle_after": idle_metrics(url)})
+        after = step_means(url)
+        means = {f"mean_{k}_ms": 1e3 * (after[k][0] - before[k][0]) / max(1.0, after[k][1] - before[k][1])
+                 for k in after}
+        runs.append(figures(planned, results, wall) | means | {"idle_after": idle_metrics(url)})
         print(f"server run {i + 1} of {repeats}: " + json.dumps(runs[-1]), file=sys.stderr, flush=True)
     out = {"runs": runs, "problems": problems}
     if fault:

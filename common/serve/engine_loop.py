@@ -98,6 +98,7 @@ class EngineLoop:
         gpu = getattr(self.engine, "gpu", None)
         if gpu is not None:          # a CUDA context is current per thread: make the engine's current in this one
             gpu.device.set_current()
+        last_step_end = None
         while True:
             idle = not self.engine.has_unfinished_requests()
             msgs = [self._inbox.get()] if idle else []     # nothing to run: sleep until a message
@@ -112,7 +113,12 @@ class EngineLoop:
                     return
                 self._handle(m)
             if self.engine.has_unfinished_requests():
+                t0 = time.perf_counter()
+                if last_step_end is not None and not idle:   # the loop's own time between two steps
+                    self.metrics.loop_gap.observe(t0 - last_step_end)
                 self._step()
+                last_step_end = time.perf_counter()
+                self.metrics.step_time.observe(last_step_end - t0)
             self._count()
 
     def _handle(self, m) -> None:

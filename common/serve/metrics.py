@@ -8,6 +8,9 @@
     tiny_vllm:time_to_first_token_seconds histogram  request queued -> its first token
     tiny_vllm:inter_token_latency_seconds histogram  between a request's tokens
     tiny_vllm:request_success_total       counter    finished requests, by finish reason (abort included)
+    tiny_vllm:engine_step_seconds         histogram  one engine.step() on the loop's thread (not vLLM's: it says
+                                                     whether the server slows the steps themselves)
+    tiny_vllm:engine_loop_gap_seconds     histogram  the loop's own time between two steps while requests run
 
 Each server has its own registry, so that two in one process (tests) do not share counts.
 """
@@ -23,6 +26,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+_STEP_BUCKETS = (0.0001, 0.0003, 0.001, 0.003, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3, 1)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60)
 
 
@@ -39,6 +43,10 @@ class ServerMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("tiny_vllm:inter_token_latency_seconds", "between a request's tokens",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.step_time = Histogram("tiny_vllm:engine_step_seconds", "one engine step", buckets=_STEP_BUCKETS,
+                                   registry=r)
+        self.loop_gap = Histogram("tiny_vllm:engine_loop_gap_seconds", "loop time between steps",
+                                  buckets=_STEP_BUCKETS, registry=r)
         self.finished = Counter("tiny_vllm:request_success", "finished requests", ["finished_reason"], registry=r)
 
     def text(self) -> bytes:
