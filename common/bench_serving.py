@@ -109,7 +109,10 @@ def figures(planned: list[Planned], results: list[StreamResult], wall_s: float) 
     done = [r for p, r in zip(planned, results) if not p.malformed and p.disconnect_after is None]
     ttft = [r.ttft for r in done if r.ttft is not None]
     itl = [x for r in done for x in r.itls]
-    pct = lambda xs, q: 1e3 * float(np.percentile(xs, q)) if xs else float("nan")   # noqa: E731
+
+    def pct(xs, q):
+        return 1e3 * float(np.percentile(xs, q)) if xs else float("nan")
+
     return {"output_tok_per_s": sum(r.completion_tokens or 0 for r in done) / wall_s, "wall_s": wall_s,
             "completed": len(done), "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
             "itl_p50_ms": pct(itl, 50), "itl_p99_ms": pct(itl, 99)}
@@ -142,7 +145,8 @@ def idle_metrics(url: str, wait_s: float = 10.0) -> dict:
 class ServerProcess:
     """`python -m common.serve` on a free loopback port, its output in a log file."""
 
-    def __init__(self, stage: str, model: str, max_model_len: int, log: Path, start_timeout_s: float = 900):
+    def __init__(self, stage: str, model: str, max_model_len: int, log: Path, engine_process: bool = False,
+                 start_timeout_s: float = 900):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -150,7 +154,8 @@ class ServerProcess:
         self.log = open(log, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "common.serve", "--stage", stage, "--model", model, "--port", str(self.port),
-             "--max-model-len", str(max_model_len), "--max-waiting", str(10**9)],
+             "--max-model-len", str(max_model_len), "--max-waiting", str(10**9)]
+            + (["--engine-process"] if engine_process else []),
             stdout=self.log, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + start_timeout_s
         while time.monotonic() < deadline:
@@ -214,6 +219,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--fault", action="store_true", help="and a run with disconnects and malformed requests")
     ap.add_argument("--no-direct", action="store_true", help="skip the engine-direct run")
+    ap.add_argument("--engine-process", action="store_true", help="the server's engine in a process of its own")
     ap.add_argument("--num-requests", type=int, help="only the workload's first N requests (a smoke run)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     a = ap.parse_args(argv)
@@ -223,14 +229,16 @@ def main(argv=None) -> int:
     record = {"workload": f"serving-{a.workload}", "model": a.model, "stage": stage,
               "date": started.date().isoformat(), "time": started.strftime("%H:%M:%S"),
               "environment": environment(), "concurrency": a.concurrency, "request_rate": a.request_rate,
-              "repeats": a.repeats, "num_requests": a.num_requests or w.requests}
+              "repeats": a.repeats, "num_requests": a.num_requests or w.requests,
+              "engine": "its own process" if a.engine_process else "a thread of the server's process"}
     if not a.no_direct:
         if a.num_requests:
             raise SystemExit("--num-requests is for smoke runs of the server alone: add --no-direct")
         record["direct"] = run_worker(a.stage, a.model, a.workload, a.repeats, None, verbose=False)
         print("direct: " + json.dumps(record["direct"])[:400], file=sys.stderr, flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    server = ServerProcess(a.stage, a.model, w.max_model_len, a.out / f"server-{a.workload}.log")
+    server = ServerProcess(a.stage, a.model, w.max_model_len, a.out / f"server-{a.workload}.log",
+                           a.engine_process)
     try:
         requests = make_requests(a.workload)[:a.num_requests]
         record["server"] = serve_runs(server.url, requests, a.model, a.concurrency, a.request_rate, a.repeats,

@@ -1,7 +1,8 @@
 """python -m common.serve [--stage 05] [--model DIR|PRESET] [--host 127.0.0.1] [--port 8000] [--max-model-len N]
 
 Serves the newest stage with the step API, or the one named; on a machine without a GPU, the numpy reference
-engine (and says so)."""
+engine (and says so). The engine runs on a thread of the server's process, or with --engine-process in a process
+of its own (engine_process.py)."""
 from __future__ import annotations
 
 import argparse
@@ -45,14 +46,20 @@ def main(argv=None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-model-len", type=int)
+    ap.add_argument("--engine-process", action="store_true",
+                    help="run the engine in a process of its own (engine_process.py), not on a thread of the "
+                         "server's")
     ap.add_argument("--max-waiting", type=int, default=1024,
                     help="requests queued for a seq_slot beyond which a new one gets 503 (default 1024)")
     a = ap.parse_args(argv)
     from .app import build_app
     from .engine_loop import EngineLoop
+    from .engine_process import EngineProcess
     from .server import Server
 
-    loop = EngineLoop(build_engine(a.stage, a.model, a.max_model_len))
+    engine = (EngineProcess(build_engine, a.stage, a.model, a.max_model_len) if a.engine_process
+              else build_engine(a.stage, a.model, a.max_model_len))
+    loop = EngineLoop(engine)
     loop.start()
     try:
         Server(build_app(loop, a.served_model_name or a.model, a.max_waiting), loop, host=a.host,
@@ -61,6 +68,8 @@ def main(argv=None) -> int:
         pass
     finally:
         loop.stop()
+        if a.engine_process:
+            engine.close()
     return 0
 
 

@@ -1,0 +1,62 @@
+"""CPU tier: the engine in its own process (common/serve/engine_process.py) behind the step API gives what the
+engine gives in this one: the same tokens, the engine's own validation errors, aborts; and the server runs over
+it with the openai client."""
+import pytest
+
+from common.reference import ReferenceEngine
+from common.sampling import SamplingParams
+from common.serve.__main__ import build_engine
+from common.serve.engine_process import EngineProcess
+
+uvicorn = pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
+
+
+@pytest.fixture(scope="module")
+def remote(tiny_dir):
+    ep = EngineProcess(build_engine, None, str(tiny_dir), 96)
+    yield ep
+    ep.close()
+
+
+def greedy(n):
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def test_the_remote_engine_gives_the_engines_tokens(remote, tiny_dir):
+    prompts = ["one", "two three", "four five six"]
+    want = ReferenceEngine(str(tiny_dir), max_model_len=96).generate(prompts, [greedy(5), greedy(7), greedy(3)])
+    ids = [remote.add_request(remote.prompts.encode(p), greedy(n), detokenize=False)
+           for p, n in zip(prompts, (5, 7, 3))]
+    assert remote.has_unfinished_requests() and remote.num_requests() == (0, 3)
+    done = {}
+    while remote.has_unfinished_requests():
+        for o in remote.step():
+            if o.finished:
+                done[o.request_id] = o
+    assert [done[i].token_ids for i in ids] == [w.token_ids for w in want]
+    assert remote.num_requests() == (0, 0) and remote.kv_cache_usage() == 0
+
+
+def test_errors_and_aborts_cross_the_pipe(remote):
+    from common.prompts import PromptError
+
+    with pytest.raises(PromptError, match="max_model_len=96"):
+        remote.add_request(list(range(200)), greedy(4))
+    rid = remote.add_request("abort me", greedy(50))
+    remote.step()
+    remote.abort_request(rid)
+    assert not remote.has_unfinished_requests()
+    assert remote.step() == []
+
+
+def test_the_server_over_the_remote_engine(remote, tiny_dir):
+    from .test_serve_cpu import MODEL, Running
+
+    running = Running(remote)
+    try:
+        got = running.client().completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0,
+                                                  extra_body={"ignore_eos": True})
+        want = ReferenceEngine(str(tiny_dir), max_model_len=96).generate(["Hello"], greedy(6))[0]
+        assert got.choices[0].text == want.text and got.usage.completion_tokens == 6
+    finally:
+        running.close()
