@@ -65,9 +65,11 @@ want long-hf-32k && run harness-long-hf-32k python3 -m common.bench --stages hf-
     --out "$logs"
 # the server under load (issue 14): 256 concurrent streaming clients against the engine alone, then a fault run;
 # serve-rate: the same requests arriving at a fixed rate (Poisson, SERVE_RATE per second)
-want serve && run serve-ragged python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --fault --out "$logs"
+# SERVE_ARGS: more flags for both (e.g. --engine-process)
+want serve && run serve-ragged python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --fault ${SERVE_ARGS:-} \
+    --out "$logs"
 want serve-rate && run serve-ragged-rate python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --no-direct \
-    --request-rate ${SERVE_RATE:-16} --out "$logs"
+    --request-rate ${SERVE_RATE:-16} ${SERVE_ARGS:-} --out "$logs"
 want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,05} --workload ragged --verbose --out "$logs"
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
