@@ -28,7 +28,6 @@ from .scheduler import Scheduler, SchedulerStats
 from .sequence import Sequence
 
 
-
 class Report(enum.Enum):
     """How step() reports a request that is not streamed as text."""
 
