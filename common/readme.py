@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -148,8 +149,8 @@ def ragged_results() -> str:
 def serving_results() -> str:
     """common.bench_serving: the server under load against the engine alone, and its fault run."""
     rows = ["| date | GPU | engine | clients; arrivals | output tok/s via the server (min-max) | the engine alone | "
-            "overhead | TTFT p50; p99 | ITL p50; p99 (per chunk) | fault run: completed, disconnected, malformed; "
-            "problems | idle after every run |", "|" + " --- |" * 11]
+            "overhead | TTFT p50; p99 | ITL p50; p99 (per chunk) | the server's mean step; gap between steps | "
+            "fault run: completed, disconnected, malformed; problems | idle after every run |", "|" + " --- |" * 12]
     for p in sorted(RESULTS.glob("*_serving-*.json")):
         r = json.loads(p.read_text())
         s, srv = r["summary"], r["server"]
@@ -160,10 +161,14 @@ def serving_results() -> str:
         f = srv.get("fault")
         fault = (f"{f['completed']}, {f['disconnected']}, {f['malformed']}; {len(f['problems'])}" if f else "-")
         idle = [x["idle_after"] for x in srv["runs"]] + ([f["idle_after"]] if f else [])
-        rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{r['stage']}` | {r['concurrency']}; {rate} | "
+        steps = ("-" if "mean_step_ms" not in srv["runs"][0] else
+                 f"{statistics.median(x['mean_step_ms'] for x in srv['runs']):.1f}; "
+                 f"{statistics.median(x['mean_gap_ms'] for x in srv['runs']):.2f} ms")
+        where = " (its own process)" if r.get("engine") == "its own process" else ""
+        rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{r['stage']}`{where} | {r['concurrency']}; {rate} | "
                     f"{s['output_tok_per_s']:,.0f} ({lo:,.0f}-{hi:,.0f}) | {direct} | "
                     f"{s['ttft_p50_ms'] / 1e3:.2f}; {s['ttft_p99_ms'] / 1e3:.2f} s | "
-                    f"{s['itl_p50_ms']:.1f}; {s['itl_p99_ms']:.0f} ms | {fault} | "
+                    f"{s['itl_p50_ms']:.1f}; {s['itl_p99_ms']:.0f} ms | {steps} | {fault} | "
                     f"{'yes' if not any(v for m in idle for v in m.values()) else 'no'} |")
     return "\n".join(rows)
 

@@ -60,3 +60,34 @@ def test_the_server_over_the_remote_engine(remote, tiny_dir):
         assert got.choices[0].text == want.text and got.usage.completion_tokens == 6
     finally:
         running.close()
+
+
+def test_when_the_engine_process_dies_requests_end_and_health_says_so(tiny_dir):
+    import json
+    import urllib.error
+    import urllib.request
+
+    import openai
+
+    from .test_serve_cpu import MODEL, Running
+
+    ep = EngineProcess(build_engine, None, str(tiny_dir), 96)
+    running = Running(ep)
+    try:
+        client = running.client()
+        stream = iter(client.completions.create(model=MODEL, prompt="a long one", max_tokens=90, temperature=0,
+                                                stream=True, extra_body={"ignore_eos": True}))
+        next(stream)
+        ep._proc.kill()                                          # the engine crashes mid-stream
+        with pytest.raises(openai.APIError, match="engine process exited"):
+            for _ in stream:
+                pass
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(running.url + "/health", timeout=10)
+        assert e.value.code == 503 and json.loads(e.value.read())["status"] == "dead"
+        with pytest.raises(openai.APIStatusError, match="engine is not running") as e:
+            client.completions.create(model=MODEL, prompt="anyone?", max_tokens=4)
+        assert e.value.status_code == 503
+    finally:
+        running.close()
+        ep.close()

@@ -50,6 +50,8 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
 
     @app.get("/health")
     async def health():
+        if loop.dead:                    # 503, as vLLM's /health once its engine is dead
+            return JSONResponse({"status": "dead", "reason": loop.dead}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")
@@ -80,7 +82,7 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
         admit(req.model)
         params, stops = req.params(), req.stop_strings()
         ids = encode(req.prompt, "prompt")
-        rid, sink = await loop.add(ids, params)
+        rid, sink = await submit(ids, params)
         return await respond(req, rid, sink, stops, ids, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -89,8 +91,21 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
         params, stops = req.params(), req.stop_strings()
         template = tokenizer.chat_prompt([m.model_dump() for m in req.messages])
         ids = encode(tokenizer.encode(template, add_special_tokens=False), "messages")   # it holds its BOS
-        rid, sink = await loop.add(ids, params)
+        rid, sink = await submit(ids, params)
         return await respond(req, rid, sink, stops, ids, chat=True)
+
+    async def submit(ids, params):
+        """Queue a request with the engine loop; what the engine refuses is a 400, a dead engine a 503."""
+        try:
+            return await loop.add(ids, params)
+        except PromptError as e:
+            raise OpenAIError(400, str(e)) from None
+        except ShuttingDown:
+            raise
+        except Exception as e:  # noqa: BLE001
+            if loop.dead:
+                raise OpenAIError(503, f"the engine is not running: {loop.dead}") from None
+            raise OpenAIError(500, f"the engine refused the request: {type(e).__name__}: {e}") from None
 
     async def deltas(rid, sink, stops):
         """(text, finish_reason, completion tokens, new token ids) per step, stop strings applied; the engine's

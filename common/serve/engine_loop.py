@@ -60,8 +60,10 @@ class EngineLoop:
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self.num_running = self.num_waiting = 0                # the engine's counts after the latest step
+        self._started = False
 
     def start(self) -> None:
+        self._started = True
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -168,9 +170,18 @@ class EngineLoop:
         self.metrics.waiting.set(self.num_waiting)
         self.metrics.kv_cache_usage.set(self.engine.kv_cache_usage())
 
+    @property
+    def dead(self) -> str | None:
+        """Why no request can run any more (the engine's process died), or None."""
+        return getattr(self.engine, "dead", None) or (None if self._thread.is_alive() or not self._started
+                                                       else "the engine loop has stopped")
+
     def _fail_all(self, why: str) -> None:
         for rid, live in list(self._live.items()):
-            self.engine.abort_request(rid)
+            try:
+                self.engine.abort_request(rid)
+            except Exception:  # noqa: BLE001  a dead engine cannot abort; the request ends here all the same
+                pass
             self._send(live.sink, EngineFailed(why))
             self.metrics.finished.labels("abort").inc()
         self._live.clear()

@@ -22,6 +22,10 @@ from common.outputs import RequestOutput
 from common.prompts import PromptPreparer
 
 
+class EngineDead(RuntimeError):
+    """The engine's process has exited: no request can run any more (vLLM's EngineDeadError)."""
+
+
 class EngineProcess:
     """The step API of an engine that runs in a child process (spawned: a CUDA context does not survive a fork).
     The child builds it as factory(*args): a GPU engine cannot be sent there, only how to make one
@@ -47,6 +51,7 @@ class EngineProcess:
         folder, self.max_model_len, self._state = info
         self.prompts = PromptPreparer(folder, Checkpoint(folder).config, self.max_model_len)
         self._tokens: dict = {}              # request id -> its generated ids so far (this side's copy)
+        self.dead: str | None = None         # why the engine's process is gone, once it is
 
     # ------------------------------------------------------------------ the step API
     def add_request(self, prompt, params, request_id=None, detokenize: bool = True):
@@ -86,8 +91,16 @@ class EngineProcess:
             self._proc.terminate()
 
     def _call(self, method: str, *args):
-        self._conn.send((method, *args))
-        kind, value, self._state = self._conn.recv()      # blocks without the GIL while the engine works
+        if self.dead:
+            raise EngineDead(self.dead)
+        try:
+            self._conn.send((method, *args))
+            kind, value, self._state = self._conn.recv()  # blocks without the GIL while the engine works
+        except (EOFError, OSError):                       # it crashed or was killed: nothing in it survives
+            self._proc.join(5)
+            self.dead = f"the engine process exited (exit code {self._proc.exitcode})"
+            self._state, self._tokens = (False, (0, 0), 0.0), {}
+            raise EngineDead(self.dead) from None
         if kind == "error":
             raise value
         return value
