@@ -31,6 +31,7 @@ if want tests; then
   run cli-03 python3 -m stage03_kvcache --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-04 python3 -m stage04_static_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-05 python3 -m stage05_continuous_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-06 python3 -m stage06_online_softmax --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
 if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
