@@ -128,6 +128,22 @@ def test_a_stop_string_ends_the_text_before_it(client):
     assert got.choices[0].finish_reason == "stop"
 
 
+def test_a_stop_string_frees_the_engines_request(client, server):
+    _, loop = server
+    before = len(loop.engine.aborted)
+    full = client.completions.create(model=MODEL, prompt="Stop me", max_tokens=60, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = next(full[i:i + 2] for i in range(2, len(full) - 2) if full[i:i + 2].strip())
+    got = client.completions.create(model=MODEL, prompt="Stop me", max_tokens=60, temperature=0, stop=[stop],
+                                    extra_body={"ignore_eos": True})
+    assert got.choices[0].finish_reason == "stop"
+    for _ in range(200):                          # bounded: the abort reaches the engine within 10 s
+        if len(loop.engine.aborted) > before and not loop.engine.has_unfinished_requests():
+            break
+        time.sleep(0.05)
+    assert len(loop.engine.aborted) == before + 1 and not loop.engine.has_unfinished_requests()
+
+
 def test_concurrent_streams_each_get_their_own_tokens(client, reference):
     prompts = [f"request {i}:" for i in range(32)]
     want = [o.text for o in reference.generate(prompts, greedy(6))]

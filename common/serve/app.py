@@ -110,7 +110,7 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
     async def deltas(rid, sink, stops):
         """(text, finish_reason, completion tokens, new token ids) per step, stop strings applied; the engine's
         request is aborted when a stop string ends it early or the consumer goes away."""
-        matcher, finished, detok, ids = StopMatcher(stops), False, tokenizer.stream(), []
+        matcher, engine_done, detok, ids = StopMatcher(stops), False, tokenizer.stream(), []
         try:
             while True:
                 d = await sink.get()
@@ -121,18 +121,17 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
                 if d.finish_reason is not None:    # the last piece flushes what the stream held back
                     text += detok.finish(ids)
                 text = matcher.feed(text)
-                if matcher.stopped:
-                    finished = True
+                if matcher.stopped:                # the engine's request runs on: the finally aborts it
                     yield text, "stop", d.num_tokens, d.token_ids
                     return
                 if d.finish_reason is not None:
-                    finished = True
+                    engine_done = True
                     yield (text + matcher.flush(), "stop" if d.finish_reason == "stop" else "length", d.num_tokens,
                            d.token_ids)
                     return
                 yield text, None, d.num_tokens, d.token_ids
         finally:
-            if not finished:
+            if not engine_done:
                 loop.abort(rid)
 
     async def respond(req, rid, sink, stops, prompt_ids: list[int], chat: bool):
