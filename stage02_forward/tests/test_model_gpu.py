@@ -104,8 +104,10 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
     """The exact 1B shape. Ours (bf16 kernels) and HF's (bf16, sdpa) are each compared with the float32
     reference, and with each other. Two bf16 implementations each ~1.5% from the truth are ~2% from each
     other (their rounding errors are independent), so the pair's bound is 3e-2, and ours must be at least as
-    close to the truth as HF's. Top-1 must agree with HF at >= 99% of the positions where greedy is decided
-    (reference margin >= NEAR_TIE); the raw agreement over all positions is printed."""
+    close to the truth as HF's. At the positions where greedy is decided (reference margin >= NEAR_TIE), ours
+    must pick the reference's top-1 at >= 99% of them, or at least as often as HF does: where two bf16
+    implementations part at such a position, one of them flipped by rounding, and the float32 reference says
+    which. The agreement with HF, at all positions and the decided ones, is printed."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     if not torch.cuda.is_available():
@@ -125,12 +127,14 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
     e_ours, e_hf, e_pair = rel_l2(ours, ref), rel_l2(hf, ref), rel_l2(ours, hf)
     decided = top1_margin(ref) >= NEAR_TIE
     same = ours.argmax(-1) == hf.argmax(-1)
+    ours_right, hf_right = ours.argmax(-1) == ref.argmax(-1), hf.argmax(-1) == ref.argmax(-1)
     print(f"1B, {len(ids)} positions: rel L2 vs reference: ours {e_ours:.2e} (worst row "
           f"{rel_l2_rows(ours, ref).max():.2e}); HF {e_hf:.2e}; ours vs HF {e_pair:.2e}; top-1 agreement with HF "
           f"{same.mean():.3f} at all positions, "
-          f"{same[decided].mean():.3f} at the {decided.sum()} decided ones; with the reference "
-          f"{np.mean(ours.argmax(-1) == ref.argmax(-1)):.3f}")
+          f"{same[decided].mean():.3f} at the {decided.sum()} decided ones; with the reference: ours "
+          f"{ours_right.mean():.3f} at all, {ours_right[decided].mean():.3f} at the decided ones, HF "
+          f"{hf_right[decided].mean():.3f} there")
     assert e_ours < 2e-2
     assert e_ours <= e_hf * 1.1
     assert e_pair < 3e-2
-    assert same[decided].mean() >= 0.99
+    assert ours_right[decided].mean() >= min(0.99, hf_right[decided].mean())
