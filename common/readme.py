@@ -146,6 +146,25 @@ def ragged_results() -> str:
     return "\n".join(rows)
 
 
+def long_results() -> str:
+    """`long` (one prompt each of 2048, 8192, 32768 tokens, then 64 new): prefill tok/s (min-max), the memory the
+    engine holds beyond its weights, and the decode step after the prompt, at each length a run measured."""
+    rows = ["| date | GPU | engine | prompt tokens | prefill tok/s (min-max) | GB beyond the weights | "
+            "ms per decode step after it |", "|" + " --- |" * 7]
+    for r in _harness("long"):
+        for name, s in r["stages"].items():
+            for n in (2048, 8192, 32768):
+                if f"prefill_tok_per_s_at_{n}" not in s:
+                    continue
+                lo, hi = s.get("spread", {}).get(f"prefill_tok_per_s_at_{n}", [s[f"prefill_tok_per_s_at_{n}"]] * 2)
+                gb = s.get(f"memory_beyond_weights_gb_at_{n}")
+                step = s.get(f"ms_per_decode_step_at_{n}")
+                rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{name}` | {n:,} | "
+                            f"{s[f'prefill_tok_per_s_at_{n}']:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
+                            f"{'-' if gb is None else f'{gb:.2f}'} | {'-' if step is None else f'{step:.2f}'} |")
+    return "\n".join(rows)
+
+
 def serving_results() -> str:
     """common.bench_serving: the server under load against the engine alone, and its fault run."""
     rows = ["| date | GPU | engine | clients; arrivals | output tok/s via the server (min-max) | the engine alone | "
@@ -181,7 +200,8 @@ def cross_stage() -> str:
 
 GENERATORS = {"stage-ladder": stage_ladder, "cross-stage": cross_stage, "presets": presets,
               "latency-results": latency_results, "growth-results": growth_results, "batch-results": batch_results,
-              "ragged-results": ragged_results, "serving-results": serving_results}   # data-driven: they read results, and name no stage
+              "ragged-results": ragged_results, "serving-results": serving_results,
+              "long-results": long_results}   # data-driven: they read results, and name no stage
 BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- end:\2 -->)", re.S)
 
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05 (pytest-benchmark files), latency, batch,
-# long, long-hf-32k, ragged (the harness against the baselines), serve, serve-rate (the server under load), or all
-# (default; longer than one 10-minute device call).
-# LATENCY_STAGES, BATCH_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
+# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05, bench06 (pytest-benchmark files),
+# latency, batch, long, long-hf-32k, ragged (the harness against the baselines), serve, serve-rate (the server under
+# load), or all (default; longer than one 10-minute device call).
+# LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (nvidia-smi not found); it runs the GPU tests and benchmarks"; exit 2; }
@@ -54,12 +54,16 @@ if want bench05; then
   run bench-continuous python3 -m pytest stage05_continuous_batch/bench_batch.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-continuous.json" -q
 fi
+if want bench06; then
+  run bench-attention python3 -m pytest stage06_online_softmax/bench_attention.py --benchmark-only -p no:cacheprovider \
+      --benchmark-json "$logs/${gpu}_${day}_pytest-bench-attention.json" -q
+fi
 # the harness: every figure a median of 3 runs with its spread, against the previous stage and the baselines
 want latency && run harness-latency python3 -m common.bench --stages ${LATENCY_STAGES:-hf,hf-compile,03,04,05} \
     --workload latency --out "$logs"
 want batch && run harness-batch python3 -m common.bench --stages ${BATCH_STAGES:-03,04,05} --workload batch \
     --out "$logs"
-want long && run harness-long python3 -m common.bench --stages hf-sdpa,03,04,05 --workload long --lengths ${LONG_LENGTHS:-2048,8192,32768} \
+want long && run harness-long python3 -m common.bench --stages ${LONG_STAGES:-hf-sdpa,03,04,05,06} --workload long --lengths ${LONG_LENGTHS:-2048,8192,32768} \
     --budget-s ${LONG_BUDGET_S:-0} --out "$logs"
 # the naive attention of stages 02-05 needs ~1 min per 32K prefill: long-hf-32k measures the baseline alone there
 want long-hf-32k && run harness-long-hf-32k python3 -m common.bench --stages hf-sdpa --workload long --lengths 32768 \
