@@ -1,4 +1,4 @@
-"""Online-softmax attention: keys a tile at a time, no score matrix stored; context bounded by the KV cache only."""
+"""Online-softmax attention: tiles of queries and keys on tensor cores, split decodes, no score matrix stored."""
 from .engine import Engine
 
 __all__ = ["Engine"]

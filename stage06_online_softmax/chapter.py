@@ -1,86 +1,67 @@
 """The generated parts of this stage's chapter (README.md); `python -m common.readme` renders them with the common,
 data-driven ones.
 
-The timeline is the scheduler's real plan, drawn step by step. When every request runs to its max_tokens
-(ignore_eos, as in the benchmarks), which tokens are sampled changes nothing in the plan, so the scheduler alone
-(no model, no GPU) gives the exact schedule the engine runs. The static side is stage04's rule for the same
-requests: batches of max_num_seqs in arrival order, each prefilled in one step and decoded until its longest
-request is done.
+  bytes-per-row      what one query row reads from HBM per cached key, from the kernels' own tile parameters
+  attention-kernels  the committed pytest-benchmark runs of bench_attention.py: decode against its floor, prefill's
+                     achieved TFLOP/s against the tensor cores' ceiling
 """
 from __future__ import annotations
 
-import string
+from common.readme import pytest_bench
+from common.synthetic import PRESETS
 
-from common.outputs import Timing
-from common.readme import split_table
-from common.sampling import SamplingParams
+from .kernels import ATTENTION_THREADS, TILE_M, tile_rows
 
-from .scheduler import Scheduler
-from .sequence import Sequence
-
-# (prompt tokens, max_tokens) of 10 requests; 4 seq_slots, a budget of 16 rows a step
-REQUESTS = [(6, 9), (3, 2), (12, 4), (5, 12), (20, 3), (4, 6), (8, 2), (3, 9), (9, 5), (2, 3)]
-SLOTS, BUDGET = 4, 16
+ONE_B = PRESETS["llama-3.2-1b"]
+# dense bf16 matrix ceilings of one H200 SXM: the datasheet's, and an 8192^3 bf16 GEMM through PyTorch on random
+# data on the lent machines (the device library's KINDS.md, 2026-10-28: 788 TFLOP/s)
+DATASHEET_TFLOPS, MEASURED_GEMM_TFLOPS = 990, 788
 
 
-def _continuous() -> list[list[str]]:
-    """Per step, per seq_slot: the request's letter (capital: its prompt's last rows, which sample its first
-    token; small: a decode row), '=' a chunk of its prompt that samples nothing yet, ' ' free."""
-    sched = Scheduler(SLOTS, BUDGET)
-    for i, (p, m) in enumerate(REQUESTS):
-        sched.add(Sequence(string.ascii_lowercase[i], [1] * p, SamplingParams(max_tokens=m), frozenset(), 0,
-                           Timing(p)))
-    steps = []
-    while sched.has_unfinished():
-        plan = sched.schedule()
-        row = [" "] * SLOTS
-        for c in plan.chunks:
-            row[c.seq.seq_slot] = ("=" if not c.samples else c.seq.request_id.upper() if c.seq.prefilling
-                                   else c.seq.request_id)
-        sched.update(plan, [0] * len(plan.sampling),
-                     lambda s: "length" if len(s.new) >= s.params.max_tokens else None)
-        steps.append(row)
-    drawn = sum(c != " " for r in steps for c in r), sum(c not in " =" for r in steps for c in r)
-    assert drawn == (sched.stats.slot_steps_held, sched.stats.slot_steps_used), "the drawing lost a slot-step"
-    return steps
+def bytes_per_row() -> str:
+    c = ONE_B
+    nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    rows = tile_rows(nh, nkv, hd)
+    naive = nh * (2 * 2 * hd + 6 * 4)              # stage05: K and V once per query head, the fp32 score 3x each way
+    per_row = nkv * 2 * 2 * hd                      # attention_rows.cu: K and V once per K/V head
+    tiled = per_row / rows                          # attention_tiles.cu: once per tile of `rows` query rows
+    lines = ["| kernel | what one query row reads per cached key (1B: 32 heads over 8 K/V heads of 64) | bytes | "
+             "against stage05 |", "| --- | --- | --- | --- |",
+             f"| stage05's naive kernel | nh (4 hd + 24): K, V for every head, the fp32 score written and read | "
+             f"{naive:,} | 1x |",
+             f"| attention_rows.cu (a row a block) | nkv 4 hd: K, V once per K/V head, for its {nh // nkv} heads | "
+             f"{per_row:,} | {naive / per_row:.1f}x fewer |",
+             f"| attention_tiles.cu (a tile a block) | nkv 4 hd / {rows}: a {TILE_M}-M-row tile holds {rows} rows "
+             f"x {nh // nkv} heads, {ATTENTION_THREADS} threads | {tiled:,.0f} | {naive / tiled:.0f}x fewer |"]
+    return "\n".join(lines)
 
 
-def _static() -> list[list[str]]:
-    """The same requests as stage04 runs them; '.': a slot held by a request already finished (an idle row)."""
-    steps = []
-    for first in range(0, len(REQUESTS), SLOTS):
-        batch = list(enumerate(REQUESTS))[first:first + SLOTS]
-        longest = max(m for _, (_, m) in batch)
-        for t in range(longest):      # step 0 is the batched prefill, which samples each request's first token
-            row = [" "] * SLOTS
-            for slot, (i, (_, m)) in enumerate(batch):
-                letter = string.ascii_lowercase[i]
-                row[slot] = letter.upper() if t == 0 else (letter if t < m else ".")
-            steps.append(row)
-    return steps
+def attention_kernels() -> str:
+    lines = []
+    for date, gpu, b in pytest_bench("pytest-bench-attention"):
+        decode = sorted((n for n in b if n.startswith("test_decode_attention")),
+                        key=lambda n: (b[n]["extra_info"]["batch_size"], b[n]["extra_info"]["cached_positions"]))
+        lines += [f"Measured {date} on {gpu} (`bench_attention.py`: GPU time from events around 20 launches, median "
+                  "of 5 rounds (min-max where recorded); the floor reads the K/V once at the copy bandwidth measured in the same run):", "",
+                  "| decode rows | cached positions | splits | GPU time per layer | floor | times the floor | "
+                  "achieved GB/s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for n in decode:
+            e = b[n]["extra_info"]
+            spread = f" ({1e3 * e['gpu_ms_min']:.1f}-{1e3 * e['gpu_ms_max']:.1f})" if "gpu_ms_min" in e else ""
+            lines.append(f"| {e['batch_size']} | {e['cached_positions']:,} | {e['n_splits']} | "
+                         f"{e['us_per_layer']:.1f} us{spread} | {e['floor_us']:.2f} us | {e['times_floor']:.1f}x | "
+                         f"{e['achieved_gb_per_s']:,.0f} |")
+        lines += ["", "| prompt tokens | GPU time per layer | achieved TFLOP/s | of the datasheet's "
+                  f"{DATASHEET_TFLOPS} | of a bf16 GEMM's {MEASURED_GEMM_TFLOPS} |", "| --- | --- | --- | --- | --- |"]
+        for n in sorted((n for n in b if n.startswith("test_prefill_attention")),
+                        key=lambda n: b[n]["extra_info"]["prompt_tokens"]):
+            e = b[n]["extra_info"]
+            spread = f" ({e['gpu_ms_min']:.2f}-{e['gpu_ms_max']:.2f})" if "gpu_ms_min" in e else ""
+            lines.append(f"| {e['prompt_tokens']:,} | {e['ms_per_layer']:.2f} ms{spread} | {e['tflop_per_s']:.0f} | "
+                         f"{100 * e['tflop_per_s'] / DATASHEET_TFLOPS:.0f}% | "
+                         f"{100 * e['tflop_per_s'] / MEASURED_GEMM_TFLOPS:.0f}% |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
-def _draw(title: str, steps: list[list[str]]) -> list[str]:
-    held = sum(c != " " for row in steps for c in row)
-    used = sum(c not in " .=" for row in steps for c in row)
-    lines = [f"{title}: {len(steps)} steps, {held} slot-steps held, {used} gave a token "
-             f"(waste {100 * (1 - used / held):.0f}%)"]
-    lines += [f"  seq_slot {slot} |" + "".join(row[slot] for row in steps) + "|" for slot in range(SLOTS)]
-    return lines
-
-
-def timeline() -> str:
-    head = ", ".join(f"{string.ascii_lowercase[i]} {p}+{m}" for i, (p, m) in enumerate(REQUESTS))
-    return "\n".join(["```", f"requests (prompt + max_tokens): {head}",
-                      f"{SLOTS} seq_slots, {BUDGET} rows a step; one column per step. A: the prompt rows that",
-                      "sample a's first token, a: a decode row, =: a prompt chunk that samples nothing yet,",
-                      ".: an idle row (held, its request done)", "",
-                      *_draw("static (stage04)", _static()), "",
-                      *_draw("continuous (this stage)", _continuous()), "```"])
-
-
-def step_split() -> str:
-    return split_table("pytest-bench-continuous", "batch_size", "B running sequences (256 cached positions each)")
-
-
-GENERATORS = {"timeline": timeline, "step-split": step_split}
+GENERATORS = {"bytes-per-row": bytes_per_row, "attention-kernels": attention_kernels}

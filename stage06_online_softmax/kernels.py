@@ -16,8 +16,32 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 KERNEL_FILES = sorted(KERNEL_DIR.glob("*.cu"))
 THREADS = 256
 SAMPLER_THREADS = 1024   # sampling.cu's THREADS
-ATTENTION_THREADS = 128  # attention.cu's WARPS * 32
-ATTENTION_MAX_GROUP = 32  # attention.cu's WARPS * MAX_HEADS_PER_WARP: query heads per K/V head
+ATTENTION_THREADS = 128  # attention_rows.cu's and attention_tiles.cu's WARPS * 32
+ATTENTION_MAX_GROUP = 32  # attention_rows.cu's WARPS * MAX_HEADS_PER_WARP: query heads per K/V head
+TILE_M = 64              # attention_tiles.cu's TILE_M: (query row, query head) pairs a block
+TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take every row through attention_rows.cu
+MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over
+MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (its partial, its share of the combine) dominates
+SPLIT_TARGET_BLOCKS_PER_SM = 4
+
+
+def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+    """Query rows a tensor-core tile holds (64 / G for G query heads per K/V head), or 0 where head_dim has no
+    tensor-core kernel (every row then goes alone through attention_rows.cu)."""
+    return TILE_M // (n_heads // n_kv_heads) if head_dim in TENSOR_CORE_HEAD_DIMS else 0
+
+
+def decode_split(n_rows: int, max_keys: int, n_kv_heads: int, sms: int, max_row_splits: int) -> tuple[int, int]:
+    """(n_splits, keys_per_split) for n_rows listed rows whose longest attends over max_keys keys: enough
+    blocks (rows x K/V heads x splits) for SPLIT_TARGET_BLOCKS_PER_SM per SM, but no split under
+    MIN_KEYS_PER_SPLIT keys, at most MAX_SPLITS, and n_rows x n_splits within the partials buffer. keys_per_split
+    is a whole number of 32-key tiles."""
+    wanted = -(-SPLIT_TARGET_BLOCKS_PER_SM * sms // (n_rows * n_kv_heads))
+    n = max(1, min(wanted, max_keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS, max_row_splits // n_rows))
+    if n == 1:
+        return 1, max_keys
+    keys_per_split = 32 * -(-max_keys // (32 * n))           # ceil(max_keys / n), up to whole tiles
+    return -(-max_keys // keys_per_split), keys_per_split
 
 
 def _expect(what: str, ok: bool, *arrays: DeviceArray) -> None:
@@ -39,20 +63,24 @@ class Kernels:
         self._rms_norm, self._add_rms_norm = load("rmsnorm.cu", "rms_norm", "add_rms_norm")
         self._rope, = load("rope.cu", "rope_inplace")
         self._silu_mul, = load("silu_mul.cu", "silu_mul")
-        self._attention, = load("attention.cu", "attention_online")
+        self._attention_rows, self._attention_combine = load("attention_rows.cu", "attention_rows",
+                                                             "attention_combine")
+        self._attention_tiles = dict(zip(TENSOR_CORE_HEAD_DIMS, load(
+            "attention_tiles.cu", *(f"attention_tiles_hd{hd}" for hd in TENSOR_CORE_HEAD_DIMS))))
         self._kv_write, = load("kv_write.cu", "kv_write")
         self._sample, = load("sampling.cu", "sample_tokens")
-        sms = gpu.device.properties.multiprocessor_count
+        self.sms = sms = gpu.device.properties.multiprocessor_count
         self._configs: dict[tuple, object] = {}
         self._checksum_config = self._config("checksum", 4 * sms, THREADS)
 
-    def _config(self, key, grid, block):
+    def _config(self, key, grid, block, shmem_size=0):
         """A LaunchConfig per (kernel, shape), built on first use and kept."""
         from cuda.core import LaunchConfig
 
-        config = self._configs.get((key, grid, block))
+        config = self._configs.get((key, grid, block, shmem_size))
         if config is None:
-            config = self._configs[(key, grid, block)] = LaunchConfig(grid=grid, block=block)
+            config = self._configs[(key, grid, block, shmem_size)] = LaunchConfig(grid=grid, block=block,
+                                                                                  shmem_size=shmem_size)
         return config
 
     def embedding(self, ids: DeviceArray, table: DeviceArray, out: DeviceArray) -> None:
@@ -118,24 +146,42 @@ class Kernels:
                         slot_mapping.arg, np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(stride))
 
     def attention(self, qkv: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, out: DeviceArray,
-                  positions: DeviceArray, seq_slots: DeviceArray, n_heads: int, n_kv_heads: int,
-                  head_dim: int) -> None:
-        """Causal GQA attention of each row r over keys 0..positions[r] of the sequence in seq_slot seq_slots[r],
-        with the online softmax (no score matrix). qkv (R, stride) bf16 (queries = the first nh heads),
-        positions, seq_slots (R,) i32 (each position < max_len, each seq_slot < B: the caller checks the values),
-        caches (B, max_len, nkv, hd) bf16, out (R, nh*hd) bf16. hd even, up to 256; nh / nkv <= 32."""
+                  partial: DeviceArray, tiles: DeviceArray, n_heads: int, n_kv_heads: int, head_dim: int,
+                  n_splits: int = 1, keys_per_split: int = 1 << 30) -> None:
+        """Causal GQA attention with the online softmax, a tile of consecutive rows a block: tiles (n, 4) i32 =
+        first row, rows, seq_slot, first position, from plan_attention() (rows <= tile_rows(); one each where
+        head_dim has no tensor-core kernel, or where n_splits > 1; the caller checks the values). Each tile's keys
+        are split n_splits ways of keys_per_split (decode_split()), merged by the combine kernel. qkv (R, stride)
+        bf16 (queries = the first nh heads), caches (B, max_len, nkv, hd) bf16, out (R, nh*hd) bf16 (the tiles'
+        rows written), partial f32 scratch of n n_splits nh (hd + 2). hd even, <= 256; nh / nkv <= 32."""
         R, stride = qkv.shape
         B, max_len = k_cache.shape[:2]
+        n = tiles.shape[0]
+        group = n_heads // n_kv_heads
         _expect("attention", qkv.dtype == out.dtype == k_cache.dtype == v_cache.dtype == "bf16"
-                and positions.shape == seq_slots.shape == (R,) and positions.dtype == seq_slots.dtype == "i32"
-                and out.shape == (R, n_heads * head_dim) and stride >= n_heads * head_dim
+                and tiles.dtype == "i32" and tiles.shape == (n, 4) and 0 < n <= R
+                and out.shape == (R, n_heads * head_dim) and stride >= n_heads * head_dim and stride % 2 == 0
                 and k_cache.shape == v_cache.shape == (B, max_len, n_kv_heads, head_dim)
-                and n_heads % n_kv_heads == 0 and n_heads // n_kv_heads <= ATTENTION_MAX_GROUP
-                and head_dim % 2 == 0 and head_dim <= 256,
-                qkv, k_cache, v_cache, out, positions, seq_slots)
-        self.gpu.launch(self._attention, self._config("attention", (R, n_kv_heads), ATTENTION_THREADS), qkv.arg,
-                        k_cache.arg, v_cache.arg, out.arg, positions.arg, seq_slots.arg, np.int32(max_len),
-                        np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(stride))
+                and n_heads % n_kv_heads == 0 and group <= ATTENTION_MAX_GROUP
+                and head_dim % 2 == 0 and head_dim <= 256 and 1 <= n_splits <= MAX_SPLITS and keys_per_split >= 1
+                and (n_splits == 1 or partial.dtype == "f32" and partial.size >= n * n_splits * n_heads
+                     * (head_dim + 2)), qkv, k_cache, v_cache, out, partial, tiles)
+        common = (max_len, n_heads, n_kv_heads)
+        if head_dim in TENSOR_CORE_HEAD_DIMS:
+            self.gpu.launch(self._attention_tiles[head_dim],
+                            self._config("attention_tiles", (n, n_kv_heads, n_splits), ATTENTION_THREADS),
+                            qkv.arg, k_cache.arg, v_cache.arg, out.arg, partial.arg, tiles.arg,
+                            *map(np.int32, (*common, stride, keys_per_split)))
+        else:
+            shmem = 4 * 32 * (head_dim // 2 + 1) + 2 * 32 * head_dim + 2 * group * head_dim   # K, V, the queries
+            self.gpu.launch(self._attention_rows,
+                            self._config("attention_rows", (n, n_kv_heads, n_splits), ATTENTION_THREADS, shmem),
+                            qkv.arg, k_cache.arg, v_cache.arg, out.arg, partial.arg, tiles.arg,
+                            *map(np.int32, (*common, head_dim, stride, keys_per_split)))
+        if n_splits > 1:
+            self.gpu.launch(self._attention_combine, self._config("attention_combine", (n, n_heads), 64),
+                            partial.arg, out.arg, tiles.arg, *map(np.int32, (n_heads, head_dim, n_splits,
+                                                                             keys_per_split)))
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
                seed: DeviceArray, param_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:

@@ -10,8 +10,9 @@ in it: what batching buys.
         q, k, v = h @ Wqkv^T                    (R, (nh + 2 nkv) hd)   one GEMM: q/k/v weights adjacent
         q, k = rope(q, k, positions)                                   each row at its own position
         K[slot_mapping], V[slot_mapping] = k, v                        each row's cache slot; -1 = skip
-        a = causal_gqa_attention(q, K[seq_slot], V[seq_slot], keys 0..position)  (R, nh hd)  per row,
-                                                                       online softmax: no score matrix
+        a = causal_gqa_attention(q, K[seq_slot], V[seq_slot], keys 0..position)  (R, nh hd)  online softmax,
+                 no score matrix, on tensor cores: prompt chunks a tile of rows a block, decode rows a
+                 block each with their keys split over blocks (flash-decoding)
         d = a @ Wo^T;            x += d;  h = rms_norm(x) * w_post       (one fused kernel)
         g, u = h @ Wgate_up^T   (R, 2 I)                                 one GEMM: gate/up adjacent
         d = (silu(g) * u) @ Wdown^T
@@ -31,19 +32,24 @@ from common.device import DeviceArray, Gpu
 from common.rope import rope_cos_sin
 
 from .cache import KVCache
-from .kernels import ATTENTION_MAX_GROUP, Kernels
-from .packing import StepInputs
+from .kernels import ATTENTION_MAX_GROUP, Kernels, decode_split, tile_rows
+from .packing import StepInputs, plan_attention
 from .weights import GpuWeights
+
+PARTIAL_ROWS_PER_SEQ = 4   # flash-decoding's partials hold 4 (row, split) pairs per seq_slot: enough splits where
+#                            few rows are decoding, which is where splits are needed
 
 
 def activation_bytes(config: LlamaConfig, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int) -> int:
     """What Model allocates besides the KV cache: R rows of activations, B rows of logits, the step inputs, the
-    sampling parameters and RoPE's tables. No attention scratch: the online softmax keeps its scores on chip, so
-    nothing here grows with max_model_len but RoPE's tables."""
+    sampling parameters, RoPE's tables and flash-decoding's partials. No score scratch: the online softmax keeps
+    its scores on chip, so nothing here grows with max_model_len but RoPE's tables."""
     c, R, B, L = config, max_num_batched_tokens, max_num_seqs, max_model_len
     per_row = 2 * (3 * c.hidden_size + (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
                    + c.num_attention_heads * c.head_dim + 3 * c.intermediate_size)     # bf16 x h d qkv attn gate_up act
-    return R * per_row + 4 * B * c.vocab_size + 4 * (7 * R + B) + 20 * B + 2 * 4 * L * (c.head_dim // 2)
+    partials = 4 * PARTIAL_ROWS_PER_SEQ * B * c.num_attention_heads * (c.head_dim + 2)
+    return (R * per_row + 4 * B * c.vocab_size + 4 * (10 * R + B) + 20 * B + 2 * 4 * L * (c.head_dim // 2)
+            + partials)
 
 
 class Model:
@@ -63,8 +69,12 @@ class Model:
                              "and head_dim up to 256")
         self.cache = KVCache(c, B, L, gpu)                  # first: the one allocation that grows with B x L
         # ---- every activation, allocated once for R rows (shapes per row)
-        self.inputs = gpu.empty((7 * R,), "i32")            # one step's tokens | positions | slot_mapping |
-        #               seq_slots (R each) | logit rows | their seq_slots | counters (n <= R each), in one copy
+        self.inputs = gpu.empty((10 * R,), "i32")           # one step's tokens | positions | slot_mapping (R
+        #               each) | logit rows | their seq_slots | counters (n <= R each) | prompt tiles | decode
+        #               tiles (4 numbers each, <= R tiles in all), in one copy (attention reads seq_slots there)
+        self.tile_rows = tile_rows(nh, nkv, hd)             # 0: this head_dim takes every row alone
+        self.partial_rows = PARTIAL_ROWS_PER_SEQ * B        # flash-decoding's (decode tile, split) pairs, at most
+        self.partial = gpu.empty((self.partial_rows * nh * (hd + 2),), "f32")
         self.x = gpu.empty((R, H), "bf16")                  # residual stream
         self.h = gpu.empty((R, H), "bf16")                  # normed input of the next GEMM
         self.qkv = gpu.empty((R, self.qkv_width), "bf16")
@@ -116,8 +126,9 @@ class Model:
 
     def upload_step(self, step: StepInputs, logits: DeviceArray | None = None) -> tuple[DeviceArray, ...]:
         """Queue the copy of a step's inputs to the GPU (one copy); returns the device views that run_uploaded()
-        reads: tokens, positions, slot_mapping, seq_slots, logit_rows. Waits for earlier GPU work first (the
-        staging buffer is reused)."""
+        reads: tokens, positions, slot_mapping, logit_rows and attention's plan (prompt tiles,
+        decode tiles, the decode tiles' split). Waits for earlier GPU work first (the staging buffer is
+        reused)."""
         R, n = step.num_rows, len(step.logit_rows)
         if n > self.max_num_seqs and logits is None:
             raise ValueError(f"{n} logit rows: the engine's logits hold {self.max_num_seqs}")
@@ -127,13 +138,18 @@ class Model:
             if len(slots) and (slots.min() < 0 or slots.max() >= self.max_num_seqs):   # the kernels cannot
                 raise ValueError(f"{name} {slots.min()}..{slots.max()} outside the {self.max_num_seqs} the "
                                  "engine holds")
-        self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.seq_slots,
-                                                  step.logit_rows, step.logit_seq_slots, step.counters]
-                                                 ).astype(np.int32))
-        at = self.inputs.view
-        self.logit_seq_slots = at(4 * (4 * R + n), (n,))
-        self.counters = at(4 * (4 * R + 2 * n), (n,))
-        return at(0, (R,)), at(4 * R, (R,)), at(8 * R, (R,)), at(12 * R, (R,)), at(16 * R, (n,))
+        prompt, decode = plan_attention(step.chunks, self.tile_rows)
+        split = (decode_split(len(decode), int(decode[:, 3].max()) + 1, self.config.num_key_value_heads,
+                              self.kernels.sms, self.partial_rows) if len(decode) else None)
+        self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
+                                                  step.logit_seq_slots, step.counters, prompt.reshape(-1),
+                                                  decode.reshape(-1)]).astype(np.int32))
+        at, np_, nd = self.inputs.view, len(prompt), len(decode)
+        self.logit_seq_slots = at(4 * (3 * R + n), (n,))
+        self.counters = at(4 * (3 * R + 2 * n), (n,))
+        end = 4 * (3 * R + 3 * n)
+        return (at(0, (R,)), at(4 * R, (R,)), at(8 * R, (R,)), at(12 * R, (n,)),
+                at(end, (np_, 4)) if np_ else None, at(end + 16 * np_, (nd, 4)) if nd else None, split)
 
     def forward(self, step: StepInputs, logits: DeviceArray | None = None) -> DeviceArray:
         """Upload the step's inputs and run it (see run_uploaded())."""
@@ -144,7 +160,7 @@ class Model:
         step.logit_rows go to rows 0..n-1 of self.logits (B, V) f32 (at most one per sequence), or into `logits`
         (n, V) f32 when given. Queues GPU work; does not wait."""
         c, k, R = self.config, self.kernels, step.num_rows
-        tokens, positions, slot_mapping, seq_slots, logit_rows = inputs
+        tokens, positions, slot_mapping, logit_rows, prompt_tiles, decode_tiles, split = inputs
         nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
         view = self.row_view
         x, h, d = view(self.x, 0, R), view(self.h, 0, R), view(self.d, 0, R)
@@ -160,7 +176,10 @@ class Model:
             k.rope(qkv, self.cos, self.sin, positions, nh + nkv, hd)
             k_cache, v_cache = self.cache.layer(i)
             k.kv_write(qkv, k_cache, v_cache, slot_mapping, nh, nkv, hd)
-            k.attention(qkv, k_cache, v_cache, attn, positions, seq_slots, nh, nkv, hd)
+            if prompt_tiles is not None:
+                k.attention(qkv, k_cache, v_cache, attn, self.partial, prompt_tiles, nh, nkv, hd)
+            if decode_tiles is not None:
+                k.attention(qkv, k_cache, v_cache, attn, self.partial, decode_tiles, nh, nkv, hd, *split)
             self.cublas.linear(attn, w["o"], d)
             k.add_rms_norm(x, d, w["post_norm"], h, eps)          # x += attention output
             self.cublas.linear(h, w["gate_up"], gate_up)

@@ -199,8 +199,10 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
     """The exact 1B shape. Ours (bf16 kernels) and HF's (bf16, sdpa) are each compared with the float32
     reference, and with each other. Two bf16 implementations each ~1.5% from the truth are ~2% from each
     other (their rounding errors are independent), so the pair's bound is 3e-2, and ours must be at least as
-    close to the truth as HF's. Top-1 must agree with HF at >= 99% of the positions where greedy is decided
-    (reference margin >= NEAR_TIE); the raw agreement over all positions is printed."""
+    close to the truth as HF's. At the positions where greedy is decided (reference margin >= NEAR_TIE), ours
+    must pick the reference's top-1 at >= 99% of them, or at least as often as HF does: where two bf16
+    implementations part at such a position, one of them flipped by rounding, and the float32 reference says
+    which. The agreement with HF, at all positions and the decided ones, is printed."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     if not torch.cuda.is_available():
@@ -220,12 +222,59 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
     e_ours, e_hf, e_pair = rel_l2(ours, ref), rel_l2(hf, ref), rel_l2(ours, hf)
     decided = top1_margin(ref) >= NEAR_TIE
     same = ours.argmax(-1) == hf.argmax(-1)
+    ours_right, hf_right = ours.argmax(-1) == ref.argmax(-1), hf.argmax(-1) == ref.argmax(-1)
     print(f"1B, {len(ids)} positions: rel L2 vs reference: ours {e_ours:.2e} (worst row "
           f"{rel_l2_rows(ours, ref).max():.2e}); HF {e_hf:.2e}; ours vs HF {e_pair:.2e}; top-1 agreement with HF "
           f"{same.mean():.3f} at all positions, "
-          f"{same[decided].mean():.3f} at the {decided.sum()} decided ones; with the reference "
-          f"{np.mean(ours.argmax(-1) == ref.argmax(-1)):.3f}")
+          f"{same[decided].mean():.3f} at the {decided.sum()} decided ones; with the reference: ours "
+          f"{ours_right.mean():.3f} at all, {ours_right[decided].mean():.3f} at the decided ones, HF "
+          f"{hf_right[decided].mean():.3f} there")
     assert e_ours < 2e-2
     assert e_ours <= e_hf * 1.1
     assert e_pair < 3e-2
-    assert same[decided].mean() >= 0.99
+    assert ours_right[decided].mean() >= min(0.99, hf_right[decided].mean())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("length", [8192])   # 32768: HF's float32 sdpa falls back to its math kernel there, 128 GiB
+def test_long_prompt_last_logits_agree_with_hf_in_float32(engines, length):
+    """The context stage05's score scratch could not hold (8.7 GB of scores for 8192 tokens): the 1B shape
+    prefills the prompt in the engine's 2048-row chunks, and the logits of its last 64 positions are compared with HF transformers run in float32 on the GPU (sdpa), the reference at this length (numpy's would
+    take minutes). The bound is the design's bf16 tolerance, 2e-2, or HF's own bf16 run's distance from the
+    same float32 logits if that is larger (times 1.1): ours must be no farther from the truth than HF in bf16."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from common.synthetic import resolve_model
+
+    from ..packing import StepInputs
+
+    folder, keep, chunk = resolve_model("llama-3.2-1b"), 64, 2048
+    ids = np.array(prompt_ids(length, seed=5), np.int32)
+    engine = engines(folder, max_model_len=length, max_num_seqs=1, max_num_batched_tokens=chunk)
+    model, gpu = engine.model, engine.gpu
+    last = gpu.empty((keep, engine.config.vocab_size), "f32")
+    for first in range(0, length, chunk):                   # seq_slot 0, chunk by chunk; logits of the last rows only
+        pos = np.arange(first, first + chunk, dtype=np.int32)
+        wanted = pos[pos >= length - keep] - first
+        step = StepInputs(ids[pos], pos, pos.copy(), np.zeros(chunk, np.int32), wanted.astype(np.int32),
+                          np.zeros(len(wanted), np.int32), np.zeros(len(wanted), np.int32),
+                          np.array([[0, chunk, 0, first]], np.int32))
+        model.forward(step, last if len(wanted) else None)
+    ours = gpu.to_host(last)
+    hf = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype,
+                                                                     attn_implementation="sdpa").cuda().eval()
+        with torch.no_grad():
+            out = hf_model(torch.tensor(ids[None].astype(np.int64), device="cuda"), logits_to_keep=keep).logits
+        hf[dtype] = out[0].float().cpu().numpy()
+        del hf_model, out
+        torch.cuda.empty_cache()
+    ref, hf16 = hf[torch.float32], hf[torch.bfloat16]
+    e_ours, e_hf16 = rel_l2(ours, ref), rel_l2(hf16, ref)
+    print(f"1B, {length}-token prompt, last {keep} positions against HF float32: rel L2 ours {e_ours:.2e} (worst "
+          f"row {rel_l2_rows(ours, ref).max():.2e}), HF bf16 {e_hf16:.2e}; top-1 agreement ours "
+          f"{np.mean(ours.argmax(-1) == ref.argmax(-1)):.3f}, HF bf16 {np.mean(hf16.argmax(-1) == ref.argmax(-1)):.3f}")
+    assert e_ours < max(2e-2, 1.1 * e_hf16)

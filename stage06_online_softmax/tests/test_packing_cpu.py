@@ -1,11 +1,13 @@
 """CPU: a step's plan becomes packed rows (no padding), each with its own position, cache slot and seq_slot, and
 the rows whose logits choose a token."""
+import numpy as np
 import pytest
 
 from common.outputs import Timing
 from common.sampling import SamplingParams
 
-from ..packing import pack
+from ..kernels import decode_split, tile_rows
+from ..packing import pack, plan_attention
 from ..scheduler import Scheduler, ScheduledChunk, SchedulerOutput
 from ..sequence import Sequence
 
@@ -34,6 +36,7 @@ def test_decode_rows_and_prefill_chunks_pack_without_padding():
     assert x.logit_rows.tolist() == [0, 8]                      # the middle chunk samples nothing yet
     assert x.logit_seq_slots.tolist() == [2, 5] and x.counters.tolist() == [2, 0]
     assert x.num_rows == 9
+    assert x.chunks.tolist() == [[0, 1, 2, 4], [1, 6, 0, 0], [7, 2, 5, 1]]   # first row, rows, seq_slot, position
 
 
 def test_rows_past_the_sequence_or_max_model_len_are_refused():
@@ -52,3 +55,33 @@ def test_what_the_scheduler_plans_packs_to_its_budget():
     x = pack(sched.schedule(), L)
     assert x.num_rows == 16 and x.seq_slots.tolist() == [0] * 5 + [1] * 11
     assert x.logit_rows.tolist() == [4]                         # only the 5-token prompt completed
+
+
+def test_attention_plan_tiles_prompt_chunks_and_gives_decode_rows_tiles_of_one():
+    chunks = np.array([[0, 1, 2, 4], [1, 40, 0, 0], [41, 2, 5, 1], [43, 1, 7, 90], [44, 16, 3, 16]], np.int32)
+    prompt, decode = plan_attention(chunks, 16)
+    assert prompt.tolist() == [[1, 16, 0, 0], [17, 16, 0, 16], [33, 8, 0, 32], [41, 2, 5, 1], [44, 16, 3, 16]]
+    assert decode.tolist() == [[0, 1, 2, 4], [43, 1, 7, 90]]
+    assert prompt.dtype == decode.dtype == np.int32
+    prompt, decode = plan_attention(chunks, 0)                  # no tensor-core kernel: every row a tile of one
+    assert prompt.shape == (0, 4) and decode[:, 0].tolist() == list(range(60)) and (decode[:, 1] == 1).all()
+    assert decode[[0, 1, 40, 41, 42, 43, 59]].tolist() == [[0, 1, 2, 4], [1, 1, 0, 0], [40, 1, 0, 39], [41, 1, 5, 1],
+                                                          [42, 1, 5, 2], [43, 1, 7, 90], [59, 1, 3, 31]]
+    prompt, decode = plan_attention(chunks[[0, 3]], 16)         # a decode-only step
+    assert prompt.shape == (0, 4) and decode.tolist() == [[0, 1, 2, 4], [43, 1, 7, 90]]
+
+
+def test_tiles_hold_64_query_heads_and_need_a_tensor_core_head_dim():
+    assert tile_rows(32, 8, 64) == 16 and tile_rows(24, 8, 128) == 21     # 64 // 3: one M-row spare
+    assert tile_rows(32, 1, 64) == 2 and tile_rows(8, 8, 128) == 64
+    assert tile_rows(32, 8, 80) == 0 and tile_rows(32, 8, 256) == 0
+
+
+@pytest.mark.parametrize("n_rows, max_keys", [(1, 128), (1, 1000), (1, 4096), (1, 32768), (2, 8192), (64, 128),
+                                              (64, 4096), (256, 4096), (300, 30000)])
+def test_decode_split_covers_the_keys_in_whole_tiles(n_rows, max_keys):
+    n, per = decode_split(n_rows, max_keys, 8, 132, 1024)
+    assert 1 <= n <= 32 and n * per >= max_keys > (n - 1) * per    # every split but the last full, none empty
+    assert n == 1 or (per % 32 == 0 and per >= 256 and n_rows * n <= 1024)
+    if n_rows * 8 >= 4 * 132 or max_keys < 512:                 # enough blocks already, or too few keys to split
+        assert n == 1
