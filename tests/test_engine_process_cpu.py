@@ -5,8 +5,8 @@ import pytest
 
 from common.reference import ReferenceEngine
 from common.sampling import SamplingParams
-from common.serve.__main__ import build_engine
 from common.serve.engine_process import EngineProcess
+from common.serve.engines import build_engine
 
 uvicorn = pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
 
@@ -91,3 +91,50 @@ def test_when_the_engine_process_dies_requests_end_and_health_says_so(tiny_dir):
     finally:
         running.close()
         ep.close()
+
+
+def test_the_command_line_serves_with_engine_process(tiny_dir):
+    """`python -m common.serve --engine-process`, as a user starts it: the spawned child must find the factory by
+    module and name (it cannot import the parent's __main__ when the parent ran with -m); one completion, then
+    Ctrl-C ends both processes."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from common.serve.server import loopback_socket
+
+    with loopback_socket() as sock:                   # a free port, released for the server to take
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "common.serve", "--model", str(tiny_dir), "--port", str(port),
+                             "--max-model-len", "96", "--engine-process"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"the server exited with {proc.returncode}:\n{proc.stdout.read()}"
+            assert time.monotonic() < deadline, "the server did not answer /health in 120 s"
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        body = json.dumps({"model": str(tiny_dir), "prompt": "one two", "max_tokens": 4, "temperature": 0,
+                           "ignore_eos": True}).encode()
+        request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as r:
+            assert json.loads(r.read())["usage"]["completion_tokens"] == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, proc.stdout.read()

@@ -12,7 +12,7 @@ openai = pytest.importorskip("openai", reason="the server tests drive it with th
 pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
 
 from common.sampling import SamplingParams
-from common.serve.__main__ import build_engine
+from common.serve.engines import build_engine
 from common.testing import check_greedy
 
 from .test_serve_cpu import MODEL, Running, metric

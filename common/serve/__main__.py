@@ -6,36 +6,7 @@ of its own (engine_process.py)."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-from pathlib import Path
-
-STEP_API = ("add_request", "step", "abort_request", "has_unfinished_requests", "num_requests", "kv_cache_usage")
-
-
-def has_step_api(module: str) -> bool:
-    return all(hasattr(importlib.import_module(module).Engine, a) for a in STEP_API)
-
-
-def build_engine(stage: str | None, model: str, max_model_len: int | None):
-    from common.bench import stage_module
-    from common.device import has_gpu
-
-    usable, why = has_gpu()
-    if not usable:
-        from common.reference import ReferenceEngine
-
-        print(f"{why}: serving the numpy reference engine on {model} (slow; for tests and reading)",
-              file=sys.stderr)
-        return ReferenceEngine(model, max_model_len=max_model_len)
-    if stage is None:          # the newest stage that has the API
-        root = Path(__file__).resolve().parents[2]
-        names = sorted(p.name for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
-        name = [n for n in names if has_step_api(n)][-1]
-    elif not has_step_api(name := stage_module(stage)):
-        raise SystemExit(f"--stage {stage}: {name} has no step API (add_request / step / abort_request); "
-                         "stage05 and later have it")
-    return importlib.import_module(name).Engine(model, max_model_len=max_model_len)
 
 
 def main(argv=None) -> int:
@@ -55,6 +26,7 @@ def main(argv=None) -> int:
     from .app import build_app
     from .engine_loop import EngineLoop
     from .engine_process import EngineProcess
+    from .engines import build_engine
     from .server import Server
 
     engine = (EngineProcess(build_engine, a.stage, a.model, a.max_model_len) if a.engine_process

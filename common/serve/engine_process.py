@@ -29,7 +29,8 @@ class EngineDead(RuntimeError):
 class EngineProcess:
     """The step API of an engine that runs in a child process (spawned: a CUDA context does not survive a fork).
     The child builds it as factory(*args): a GPU engine cannot be sent there, only how to make one
-    (`python -m common.serve` passes its build_engine with the stage, the model and max_model_len)."""
+    (`python -m common.serve` passes engines.build_engine with the stage, the model and max_model_len: a function
+    the child can import by name)."""
 
     def __init__(self, factory, *args, start_timeout_s: float = 900):
         ctx = multiprocessing.get_context("spawn")

@@ -1,0 +1,35 @@
+"""Which engine `python -m common.serve` serves, and how it is built: in a module of its own, not in __main__,
+because --engine-process sends build_engine to a spawned child by reference (module and name), and a child cannot
+import the parent's __main__ when it was started with -m."""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+STEP_API = ("add_request", "step", "abort_request", "has_unfinished_requests", "num_requests", "kv_cache_usage")
+
+
+def has_step_api(module: str) -> bool:
+    return all(hasattr(importlib.import_module(module).Engine, a) for a in STEP_API)
+
+
+def build_engine(stage: str | None, model: str, max_model_len: int | None):
+    from common.bench import stage_module
+    from common.device import has_gpu
+
+    usable, why = has_gpu()
+    if not usable:
+        from common.reference import ReferenceEngine
+
+        print(f"{why}: serving the numpy reference engine on {model} (slow; for tests and reading)",
+              file=sys.stderr)
+        return ReferenceEngine(model, max_model_len=max_model_len)
+    if stage is None:          # the newest stage that has the API
+        root = Path(__file__).resolve().parents[2]
+        names = sorted(p.name for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
+        name = [n for n in names if has_step_api(n)][-1]
+    elif not has_step_api(name := stage_module(stage)):
+        raise SystemExit(f"--stage {stage}: {name} has no step API (add_request / step / abort_request); "
+                         "stage05 and later have it")
+    return importlib.import_module(name).Engine(model, max_model_len=max_model_len)
