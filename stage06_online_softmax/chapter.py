@@ -41,8 +41,13 @@ def attention_kernels() -> str:
     for date, gpu, b in pytest_bench("pytest-bench-attention"):
         decode = sorted((n for n in b if n.startswith("test_decode_attention")),
                         key=lambda n: (b[n]["extra_info"]["batch_size"], b[n]["extra_info"]["cached_positions"]))
-        lines += [f"Measured {date} on {gpu} (`bench_attention.py`: GPU time from events around 20 launches, median "
-                  "of 5 rounds (min-max where recorded); the floor reads the K/V once at the copy bandwidth measured in the same run):", "",
+        held = any("gpu_ms_min" in b[n]["extra_info"] for n in decode)    # the spin-kernel hold came with the spread
+        how = ("events around 20 launches queued while a spin kernel held the GPU, so the host's launch cost is out"
+               if held else "events around 20 launches as the host queued them: where a kernel is shorter than "
+               "its launch, this timed the host")
+        lines += [f"Measured {date} on {gpu} (`bench_attention.py`: GPU time from {how}; median of 5 rounds, "
+                  "min-max where recorded; the floor reads the K/V once at the copy bandwidth measured in the same "
+                  "run):", "",
                   "| decode rows | cached positions | splits | GPU time per layer | floor | times the floor | "
                   "achieved GB/s |", "| --- | --- | --- | --- | --- | --- | --- |"]
         for n in decode:

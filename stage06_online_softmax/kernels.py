@@ -21,7 +21,7 @@ ATTENTION_MAX_GROUP = 32  # attention_rows.cu's WARPS * MAX_HEADS_PER_WARP: quer
 TILE_M = 64              # attention_tiles.cu's TILE_M: (query row, query head) pairs a block
 TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take every row through attention_rows.cu
 MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over
-MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (its partial, its share of the combine) dominates
+MIN_KEYS_PER_SPLIT = 128  # two 64-key tiles, the K/V pipeline's depth; below it a split's fixed cost dominates
 SPLIT_TARGET_BLOCKS_PER_SM = 4
 
 

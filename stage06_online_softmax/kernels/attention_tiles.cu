@@ -32,6 +32,11 @@
 // Shared-memory rows are padded by 8 bf16 (16 bytes): eight consecutive rows then start in eight different
 // groups of four banks, so the 8 x 4 words of one fragment read (or ldmatrix phase) hit 32 different banks.
 //
+// K/V tiles arrive by cp.async (global -> shared without a trip through registers), in STAGES buffers: with two
+// (head_dim 64), tile j + 1 is on its way while tile j is computed, so a block waits on memory once per loop,
+// not once per tile; head_dim 128 keeps one buffer (two would need 68 KiB, past the 48 KiB of static shared
+// memory) and its copy is issued as soon as the last reader of the previous tile is done.
+//
 // Launch: grid (n_tiles, nkv, n_splits), block 128. tiles (n_tiles, 4) i32: first row, n_rows (<= 64 / G),
 // seq_slot, first_pos; the tile's rows are consecutive in qkv and out and their K/V are in the cache (kv_write
 // ran first). Block z takes keys z keys_per_split .. (z + 1) keys_per_split - 1 (n_splits > 1: one-row tiles only).
@@ -61,6 +66,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned r[4], const __nv_bflo
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(at));
 }
 
+// 16 bytes global -> shared, asynchronously; src_bytes = 0 writes 16 zero bytes instead (keys past the end)
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+    const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(at), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int PENDING>     // wait until at most PENDING committed groups of this thread are still in flight
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(PENDING)); }
+
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);     // lo in the low half: the lower column
     return *reinterpret_cast<const unsigned*>(&v);
@@ -73,8 +87,9 @@ __device__ __forceinline__ void attention_tile(
         const int* __restrict__ tiles, int max_model_len, int n_heads, int n_kv_heads, int row_stride,
         int keys_per_split) {
     constexpr int STRIDE = HD + PAD, KSTEPS = HD / 16, DBLOCKS = HD / 8, NBLOCKS = TILE_N / 8;
-    __shared__ __align__(16) __nv_bfloat16 k_tile[TILE_N][STRIDE];
-    __shared__ __align__(16) __nv_bfloat16 v_tile[TILE_N][STRIDE];
+    constexpr int STAGES = HD == 64 ? 2 : 1;
+    __shared__ __align__(16) __nv_bfloat16 k_tiles[STAGES][TILE_N][STRIDE];
+    __shared__ __align__(16) __nv_bfloat16 v_tiles[STAGES][TILE_N][STRIDE];
     const int* tile = tiles + 4 * blockIdx.x;
     const int first_row = tile[0], n_rows = tile[1], first_pos = tile[3], g = blockIdx.y;
     const int group = n_heads / n_kv_heads, begin = blockIdx.z * keys_per_split;
@@ -111,83 +126,93 @@ __device__ __forceinline__ void attention_tile(
 #pragma unroll
     for (int db = 0; db < DBLOCKS; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
 
-    for (int k0 = begin; k0 <= last_pos; k0 += TILE_N) {
-        const int n_keys = min(TILE_N, last_pos + 1 - k0);
-        __syncthreads();                                           // the previous tile's readers are done
+    // queue the copy of the keys k0 .. k0 + TILE_N - 1 (zeros past last_pos) into buffer `stage`
+    auto load_tile = [&](int k0, int stage) {
         for (int x = threadIdx.x; x < TILE_N * (HD / 8); x += blockDim.x) {   // 16 bytes (8 bf16) each
             const int j = x / (HD / 8), c = 8 * (x % (HD / 8));
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;                        // keys past the end: zeros
-            if (j < n_keys) {
-                const long long at = seq_base + static_cast<long long>(k0 + j) * kv_stride + c;
-                kv = *reinterpret_cast<const uint4*>(k_cache + at);
-                vv = *reinterpret_cast<const uint4*>(v_cache + at);
-            }
-            *reinterpret_cast<uint4*>(&k_tile[j][c]) = kv;
-            *reinterpret_cast<uint4*>(&v_tile[j][c]) = vv;
+            const bool inside = k0 + j <= last_pos;
+            const long long at = seq_base + static_cast<long long>(inside ? k0 + j : begin) * kv_stride + c;
+            cp_async_16(&k_tiles[stage][j][c], k_cache + at, inside ? 16 : 0);
+            cp_async_16(&v_tiles[stage][j][c], v_cache + at, inside ? 16 : 0);
         }
-        __syncthreads();
-        if (!computes) continue;
-
-        float s[NBLOCKS][4];                                       // S for keys k0 + 8 nb + 2t (+1), rows q, q+8
-#pragma unroll
-        for (int nb = 0; nb < NBLOCKS; ++nb) {
-            s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KSTEPS; ++ks) {
-                const __nv_bfloat16* kr = &k_tile[8 * nb + q][16 * ks + 2 * t];
-                mma_bf16(s[nb], qf[ks], *reinterpret_cast<const unsigned*>(kr),
-                         *reinterpret_cast<const unsigned*>(kr + 8));
-            }
+        cp_async_commit();
+    };
+    load_tile(begin, 0);
+    for (int k0 = begin, it = 0; k0 <= last_pos; k0 += TILE_N, ++it) {
+        const bool more = k0 + TILE_N <= last_pos;
+        if (STAGES == 2 && more) {
+            load_tile(k0 + TILE_N, (it + 1) % 2);   // the buffer the previous tile used: its readers are done
+            cp_async_wait<1>();                      // this tile's copy has landed (the next may still fly)
+        } else {
+            cp_async_wait<0>();
         }
-        const bool diagonal = k0 + TILE_N - 1 > min(pos[0], pos[1]);   // a key here past this lane's rows' last
-#pragma unroll
-        for (int nb = 0; nb < NBLOCKS; ++nb) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = k0 + 8 * nb + 2 * t + (e % 2);
-                s[nb][e] = diagonal && key > pos[e / 2] ? NEG_INF : s[nb][e] * scale;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {                               // the online softmax, per M-row
-            float tile_max = NEG_INF;
-#pragma unroll
-            for (int nb = 0; nb < NBLOCKS; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[nb][2 * i], s[nb][2 * i + 1]));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));   // the quad holds the row
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-            const float m_new = fmaxf(m_run[i], tile_max);         // finite: the first tile has a key <= pos
-            const float a = exp2f(m_run[i] - m_new);
-            float p_sum = 0.0f;
+        __syncthreads();                                           // ... for every thread's share of it
+        const auto& k_tile = k_tiles[it % STAGES];
+        const auto& v_tile = v_tiles[it % STAGES];
+        if (computes) {                                           // a warp without queries only loads
+            float s[NBLOCKS][4];                                       // S for keys k0 + 8 nb + 2t (+1), rows q, q+8
 #pragma unroll
             for (int nb = 0; nb < NBLOCKS; ++nb) {
-                s[nb][2 * i] = exp2f(s[nb][2 * i] - m_new);
-                s[nb][2 * i + 1] = exp2f(s[nb][2 * i + 1] - m_new);
-                p_sum += s[nb][2 * i] + s[nb][2 * i + 1];
-            }
-            p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);
-            p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 2);
-            l_run[i] = a * l_run[i] + p_sum;
-            m_run[i] = m_new;
+                s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
 #pragma unroll
-            for (int db = 0; db < DBLOCKS; ++db) {
-                o[db][2 * i] *= a;
-                o[db][2 * i + 1] *= a;
+                for (int ks = 0; ks < KSTEPS; ++ks) {
+                    const __nv_bfloat16* kr = &k_tile[8 * nb + q][16 * ks + 2 * t];
+                    mma_bf16(s[nb], qf[ks], *reinterpret_cast<const unsigned*>(kr),
+                             *reinterpret_cast<const unsigned*>(kr + 8));
+                }
+            }
+            const bool diagonal = k0 + TILE_N - 1 > min(pos[0], pos[1]);   // a key here past this lane's rows' last
+#pragma unroll
+            for (int nb = 0; nb < NBLOCKS; ++nb) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = k0 + 8 * nb + 2 * t + (e % 2);
+                    s[nb][e] = diagonal && key > pos[e / 2] ? NEG_INF : s[nb][e] * scale;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {                               // the online softmax, per M-row
+                float tile_max = NEG_INF;
+#pragma unroll
+                for (int nb = 0; nb < NBLOCKS; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[nb][2 * i], s[nb][2 * i + 1]));
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));   // the quad holds the row
+                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+                const float m_new = fmaxf(m_run[i], tile_max);         // finite: the first tile has a key <= pos
+                const float a = exp2f(m_run[i] - m_new);
+                float p_sum = 0.0f;
+#pragma unroll
+                for (int nb = 0; nb < NBLOCKS; ++nb) {
+                    s[nb][2 * i] = exp2f(s[nb][2 * i] - m_new);
+                    s[nb][2 * i + 1] = exp2f(s[nb][2 * i + 1] - m_new);
+                    p_sum += s[nb][2 * i] + s[nb][2 * i + 1];
+                }
+                p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);
+                p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 2);
+                l_run[i] = a * l_run[i] + p_sum;
+                m_run[i] = m_new;
+#pragma unroll
+                for (int db = 0; db < DBLOCKS; ++db) {
+                    o[db][2 * i] *= a;
+                    o[db][2 * i + 1] *= a;
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < TILE_N / 16; ++kk) {                  // O += P V, 16 keys a step
+                const unsigned pf[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                        pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int db = 0; db < DBLOCKS; db += 2) {
+                    // blocks: keys 16kk + 0..7 | 16kk + 8..15, columns 8db.. | 8(db+1)..: b[0], b[1] of db, of db + 1
+                    unsigned vf[4];
+                    ldmatrix_x4_trans(vf, &v_tile[16 * kk + 8 * ((lane / 8) % 2) + lane % 8][8 * (db + lane / 16)]);
+                    mma_bf16(o[db], pf, vf[0], vf[1]);
+                    mma_bf16(o[db + 1], pf, vf[2], vf[3]);
+                }
             }
         }
-#pragma unroll
-        for (int kk = 0; kk < TILE_N / 16; ++kk) {                  // O += P V, 16 keys a step
-            const unsigned pf[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                    pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                    pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int db = 0; db < DBLOCKS; db += 2) {
-                // blocks: keys 16kk + 0..7 | 16kk + 8..15, columns 8db.. | 8(db+1)..: b[0], b[1] of db, of db + 1
-                unsigned vf[4];
-                ldmatrix_x4_trans(vf, &v_tile[16 * kk + 8 * ((lane / 8) % 2) + lane % 8][8 * (db + lane / 16)]);
-                mma_bf16(o[db], pf, vf[0], vf[1]);
-                mma_bf16(o[db + 1], pf, vf[2], vf[3]);
-            }
-        }
+        __syncthreads();                                           // this tile's readers are done with its buffer
+        if (STAGES == 1 && more) load_tile(k0 + TILE_N, 0);
     }
     const bool whole = gridDim.z == 1;                          // unsplit: the output, else this split's partial
 #pragma unroll

@@ -6,7 +6,7 @@ import pytest
 from common.outputs import Timing
 from common.sampling import SamplingParams
 
-from ..kernels import decode_split, tile_rows
+from ..kernels import MIN_KEYS_PER_SPLIT, decode_split, tile_rows
 from ..packing import pack, plan_attention
 from ..scheduler import Scheduler, ScheduledChunk, SchedulerOutput
 from ..sequence import Sequence
@@ -82,6 +82,6 @@ def test_tiles_hold_64_query_heads_and_need_a_tensor_core_head_dim():
 def test_decode_split_covers_the_keys_in_whole_tiles(n_rows, max_keys):
     n, per = decode_split(n_rows, max_keys, 8, 132, 1024)
     assert 1 <= n <= 32 and n * per >= max_keys > (n - 1) * per    # every split but the last full, none empty
-    assert n == 1 or (per % 32 == 0 and per >= 256 and n_rows * n <= 1024)
+    assert n == 1 or (per % 32 == 0 and per >= MIN_KEYS_PER_SPLIT and n_rows * n <= 1024)
     if n_rows * 8 >= 4 * 132 or max_keys < 512:                 # enough blocks already, or too few keys to split
         assert n == 1
