@@ -187,8 +187,16 @@ class Gpu:
         return stage.array[: arr.nbytes].view(DTYPES[arr.dtype][1]).reshape(arr.shape).copy()
 
     def memory(self) -> tuple[int, int]:
-        """(free bytes, total bytes) on the device."""
-        free, total = check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+        """(free bytes, total bytes) on the device, once the memory pool has given back what no array holds.
+        cuda.core's pool keeps freed memory reserved for this process (it raises the pool's release threshold
+        to the maximum), so without the trim an engine dropped in this process would read as memory in use, and
+        another allocator (torch's) could not have it. The stages allocate only while an engine is built, so
+        giving freed memory back costs them nothing."""
+        driver = _driver()
+        self.sync()                                # frees are stream-ordered: let the queued ones happen
+        pool = driver.CUmemoryPool(int(self.device.memory_resource.handle))
+        check(driver.cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo")
+        free, total = check(driver.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
     # ---------------------------------------------------------------- work and time

@@ -3,6 +3,7 @@ openai client: a greedy request's text through the server equals the engine's ge
 whole answers say, seeds reproduce, stop strings cut, 32 concurrent streams each get their own greedy tokens (by
 the decided-step rule of common/testing.py: their steps are batched with the others'), and a client that goes
 away leaves nothing running."""
+import inspect
 import threading
 import time
 
@@ -25,9 +26,16 @@ ONE_B, LEN = "llama-3.2-1b", 512
 def served(request):
     engine = build_engine(None if request.param == "newest" else request.param, ONE_B, LEN)
     running = Running(engine)
-    alone = type(engine)(ONE_B, max_model_len=LEN, max_num_seqs=1)        # each request by itself
+    alone = type(engine)(ONE_B, max_model_len=LEN, max_num_seqs=1, **beside(type(engine)))   # each request alone
     yield running, running.client(), alone
     running.close()
+
+
+def beside(engine_class) -> dict:
+    """Arguments for a second engine beside the server's: a paged engine's pool takes 0.9 of the GPU by default
+    (vLLM's gpu_memory_utilization), so the second gets 1 GiB of KV cache of its own."""
+    return ({"kv_cache_memory_bytes": 2**30}
+            if "kv_cache_memory_bytes" in inspect.signature(engine_class).parameters else {})
 
 
 def greedy(n):
@@ -90,7 +98,7 @@ def test_concurrent_streams_each_get_their_own_tokens(served):
     seqs = [w.prompt_token_ids + w.token_ids[:-1] for w in want]
     n_prompt = [len(w.prompt_token_ids) for w in want]
     want_logits = [alone.decode_logits([s], [n])[0] for s, n in zip(seqs, n_prompt)]
-    batched = type(alone)(ONE_B, max_model_len=LEN, max_num_seqs=32)        # the logits of a batched step
+    batched = type(alone)(ONE_B, max_model_len=LEN, max_num_seqs=32, **beside(type(alone)))   # a batched step
     got_logits = batched.decode_logits(seqs, n_prompt)
     del batched
     parted = [check_greedy(g, w.token_ids, gl, wl) for g, w, gl, wl in zip(got, want, got_logits, want_logits)]
