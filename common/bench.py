@@ -11,6 +11,10 @@ reason, and a GPU engine on a machine without a GPU is skipped, in one line each
 
 max_model_len is sized for the workload (its longest prompt plus its new tokens), so `long`'s 32768-token
 prompt is asked of every engine; one that cannot hold it says why.
+
+--kv-cache-gib G gives every engine the same KV cache memory: a paged engine (one that takes
+kv_cache_memory_bytes, vLLM's option) gets G GiB of blocks; a contiguous one (max_num_seqs regions of
+max_model_len positions) gets as many regions as G GiB holds, at least one.
 """
 from __future__ import annotations
 
@@ -66,6 +70,19 @@ def build_engine(tag: str, model: str, **kwargs):
     return cls(model, **spec.kwargs, **{k: v for k, v in kwargs.items() if k in accepted})
 
 
+def kv_budget(tag: str, model: str, max_model_len: int, gib: float) -> dict:
+    """The constructor arguments that give an engine `gib` GiB of KV cache (see the module's docstring)."""
+    if not gib:
+        return {}
+    accepted = inspect.signature(importlib.import_module(engine_spec(tag).module).Engine).parameters
+    budget = int(gib * 2**30)
+    if "kv_cache_memory_bytes" in accepted:
+        return {"kv_cache_memory_bytes": budget}
+    c = Checkpoint(resolve_model(model)).config
+    per_region = c.num_hidden_layers * 2 * max_model_len * c.num_key_value_heads * c.head_dim * 2   # K, V in bf16
+    return {"max_num_seqs": max(1, budget // per_region)}
+
+
 def run_load(tag: str, model: str, repeats: int) -> dict:
     build_engine(tag, model)              # warm-up: kernels compiled, files in the page cache, CUDA initialised
     runs = []
@@ -81,20 +98,24 @@ def run_load(tag: str, model: str, repeats: int) -> dict:
 
 
 def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_tokens: int | None = None,
-                 budget_s: float = 0.0) -> dict:
+                 budget_s: float = 0.0, kv_cache_gib: float = 0.0, max_model_len: int = 0) -> dict:
     w = WORKLOADS[workload]
     if engine_spec(tag).batch_one and w.requests > 1:
         return {"unsupported": f"{tag} is measured at batch 1; {workload} has {w.requests} requests"}
-    max_model_len = (prompt_tokens + w.new_tokens[1]) if prompt_tokens else w.max_model_len
+    max_model_len = max_model_len or ((prompt_tokens + w.new_tokens[1]) if prompt_tokens else w.max_model_len)
     before = device_memory_used()
     try:   # one sequence at a time for `long`: no engine needs 64 caches of 32K positions to prefill one prompt
         engine = build_engine(tag, model, max_model_len=max_model_len,
-                              **({"max_batch_size": 1, "max_num_seqs": 1} if workload == "long" else {}))
+                              **kv_budget(tag, model, max_model_len, kv_cache_gib)
+                              | ({"max_batch_size": 1, "max_num_seqs": 1} if workload == "long" else {}))
     except (MemoryError, PromptError) as e:   # GpuMemoryError, max_model_len past the model's: cannot hold it
         return {"unsupported": f"{type(e).__name__}: {e}"}
     reqs = make_requests(workload, min(engine.config.vocab_size, 128000), prompt_tokens=prompt_tokens)
     prompts, params = [r[0] for r in reqs], [r[1] for r in reqs]
     info: dict = {"max_model_len": max_model_len, "weight_bytes": Checkpoint(resolve_model(model)).total_bytes}
+    if kv_cache_gib:
+        info["kv_cache_gib"] = kv_cache_gib
+        info |= {k: getattr(engine, k) for k in ("max_num_seqs",) if hasattr(engine, k)}
     t = time.perf_counter()
     try:
         warm_up(engine, workload, prompts, params, full=engine_spec(tag).batch_one)
@@ -189,10 +210,11 @@ def skip_reason(tag: str) -> str | None:
 
 
 def run_worker(tag: str, model: str, workload: str, repeats: int, prompt_tokens: int | None, verbose: bool,
-               budget_s: float = 0.0) -> dict:
+               budget_s: float = 0.0, kv_cache_gib: float = 0.0, max_model_len: int = 0) -> dict:
     """One engine, one fresh process: its result dict (runs and info, or unsupported)."""
     cmd = [sys.executable, "-m", "common.bench", "--worker", tag, "--workload", workload, "--model", model,
-           "--repeats", str(repeats), "--budget-s", str(budget_s)] + (
+           "--repeats", str(repeats), "--budget-s", str(budget_s), "--kv-cache-gib", str(kv_cache_gib),
+           "--max-model-len", str(max_model_len)] + (
                ["--prompt-tokens", str(prompt_tokens)] if prompt_tokens else [])
     # --verbose: the worker's stderr live (its per-run lines show how far a run that is cut off had got)
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if verbose else subprocess.PIPE, text=True)
@@ -219,13 +241,18 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="`long`: a length whose warm-up shows that the runs would take longer than this gets fewer "
                          "(at least 1), and says so; 0: no budget")
+    ap.add_argument("--kv-cache-gib", type=float, default=0.0,
+                    help="the same KV cache memory for every engine, in GiB (0: each sizes its own)")
+    ap.add_argument("--max-model-len", type=int, default=0,
+                    help="every engine's max_model_len (0: the workload's longest prompt plus its new tokens)")
     ap.add_argument("--verbose", action="store_true", help="show each worker's own output")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-tokens", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:  # one engine, one fresh process: print one JSON line
         result = (run_load(a.worker, a.model, a.repeats) if a.workload == "load"
-                  else run_generate(a.worker, a.model, a.workload, a.repeats, a.prompt_tokens, a.budget_s))
+                  else run_generate(a.worker, a.model, a.workload, a.repeats, a.prompt_tokens, a.budget_s,
+                                    a.kv_cache_gib, a.max_model_len))
         if a.prompt_tokens:
             result["prompt_tokens"] = a.prompt_tokens
         print("RESULT " + json.dumps(result))
@@ -248,7 +275,8 @@ def main(argv=None) -> int:
         for t in (t for t in order if names[t] not in skipped):
             for n in lengths:
                 t0 = time.perf_counter()
-                raw[names[t]].append(run_worker(t, a.model, a.workload, a.repeats, n, a.verbose, a.budget_s))
+                raw[names[t]].append(run_worker(t, a.model, a.workload, a.repeats, n, a.verbose, a.budget_s,
+                                                a.kv_cache_gib, a.max_model_len))
                 print(f"[{names[t]}{f' at {n} tokens' if n else ''}: {time.perf_counter() - t0:.0f} s] "
                       + json.dumps(raw[names[t]][-1])[:300], file=sys.stderr, flush=True)
                 write_record(a, workload, env, raw, skipped, complete=False)   # a cut-off run keeps these
@@ -290,7 +318,8 @@ def write_record(a, workload: Workload, env: dict, raw: dict, skipped: dict, com
     notes = spread_warnings(summary, workload)
     now = datetime.datetime.now(datetime.timezone.utc)
     record = {"workload": asdict(workload), "model": a.model, "date": now.date().isoformat(),
-              "time": a.started,
+              "time": a.started, "kv_cache_gib": a.kv_cache_gib or None,
+              "max_model_len": a.max_model_len or None,
               "environment": env, "repeats": a.repeats, "processes": a.processes, "complete": complete,
               "stages": summary, "spread_warnings": notes, "raw": raw}
     if all("skipped" in s for s in summary.values()):
@@ -298,7 +327,10 @@ def write_record(a, workload: Workload, env: dict, raw: dict, skipped: dict, com
     a.out.mkdir(parents=True, exist_ok=True)
     gpu = (env["gpu"] or "cpu").replace(" ", "-")
     # one file a comparison: GPU, date, workload, engines, and the UTC time it started (two runs of a day differ)
-    path = a.out / f"{gpu}_{record['date']}_{a.workload}-{a.stages.replace(',', '-')}_{a.started.replace(':', '')}.json"
+    kv = (f"-kv{a.kv_cache_gib:g}GiB" if a.kv_cache_gib else "") + (f"-len{a.max_model_len}" if a.max_model_len
+                                                                   else "")
+    path = (a.out / f"{gpu}_{record['date']}_{a.workload}{kv}-{a.stages.replace(',', '-')}_"
+            f"{a.started.replace(':', '')}.json")
     path.write_text(json.dumps(record, indent=2))
     return summary, notes, path
 

@@ -74,8 +74,11 @@ def generate_once(engine, prompts, params) -> tuple[float, list]:
 def waste(engine) -> dict:
     """A batching engine's counts of the last generate() (its `stats`), where it keeps them."""
     stats = getattr(engine, "stats", None)
-    return {k: getattr(stats, k) for k in ("batches", "slot_waste", "padding_share", "prefill_time_share",
-                                           "host_time_share") if hasattr(stats, k)}
+    out = {k: getattr(stats, k) for k in ("batches", "slot_waste", "padding_share", "prefill_time_share",
+                                          "host_time_share", "max_running", "preemptions") if hasattr(stats, k)}
+    if getattr(stats, "steps", 0) and hasattr(stats, "slot_steps_held"):   # sequences running, step by step
+        out["mean_running"] = stats.slot_steps_held / stats.steps
+    return out
 
 
 def growth_rates(timings) -> dict:

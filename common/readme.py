@@ -66,9 +66,11 @@ def latency_results() -> str:
     return "\n".join(rows)
 
 
-def _harness(workload: str) -> list[dict]:
-    """Every committed harness result of one workload, oldest first (by date, then start time where recorded)."""
+def _harness(workload: str, kv_budget: bool = False) -> list[dict]:
+    """Every committed harness result of one workload, oldest first (by date, then start time where recorded):
+    those run at each engine's own KV cache size, or (kv_budget) those that gave every engine the same one."""
     results = [json.loads(p.read_text()) for p in RESULTS.glob(f"*_{workload}-*.json")]
+    results = [r for r in results if bool(r.get("kv_cache_gib")) == kv_budget]
     return sorted(results, key=lambda r: (r["date"], r.get("time", "")))
 
 
@@ -146,6 +148,26 @@ def ragged_results() -> str:
     return "\n".join(rows)
 
 
+def ragged_budget_results() -> str:
+    """`ragged` with every engine given the same KV cache memory (common.bench --kv-cache-gib): throughput and the
+    sequences running at once, each against the run's first engine, and the preemptions it took."""
+    rows = ["| date | GPU | KV cache | max_model_len | engine | output tok/s (min-max) | against the first | "
+            "sequences running (mean over steps; most) | against the first | preemptions | ms per decode step | "
+            "time to first token |", "|" + " --- |" * 12]
+    for r in _harness("ragged", kv_budget=True):
+        (_, first), *_ = r["stages"].items()
+        for name, s in r["stages"].items():
+            lo, hi = s.get("spread", {}).get("output_tok_per_s", [s["output_tok_per_s"]] * 2)
+            most = s.get("max_running")
+            rows.append(f"| {r['date']} | {r['environment']['gpu']} | {r['kv_cache_gib']:g} GiB | "
+                        f"{r['max_model_len']:,} | `{name}` | {s['output_tok_per_s']:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
+                        f"{s['output_tok_per_s'] / first['output_tok_per_s']:.2f}x | {s['mean_running']:.1f}"
+                        f"{'' if most is None else f'; {most:.0f}'} | "
+                        f"{s['mean_running'] / first['mean_running']:.2f}x | {s.get('preemptions', '-')} | "
+                        f"{s['ms_per_decode_step']:.2f} | {s['ttft_ms'] / 1e3:.2f} s |")
+    return "\n".join(rows)
+
+
 def long_results() -> str:
     """`long` (one prompt each of 2048, 8192, 32768 tokens, then 64 new): prefill tok/s (min-max), the memory the
     engine holds beyond its weights, and the decode step after the prompt, at each length a run measured."""
@@ -200,8 +222,8 @@ def cross_stage() -> str:
 
 GENERATORS = {"stage-ladder": stage_ladder, "cross-stage": cross_stage, "presets": presets,
               "latency-results": latency_results, "growth-results": growth_results, "batch-results": batch_results,
-              "ragged-results": ragged_results, "serving-results": serving_results,
-              "long-results": long_results}   # data-driven: they read results, and name no stage
+              "ragged-results": ragged_results, "ragged-budget-results": ragged_budget_results,
+              "serving-results": serving_results, "long-results": long_results}   # data-driven: they read results, and name no stage
 BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- end:\2 -->)", re.S)
 
 

@@ -35,7 +35,8 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
     files = []
     for path in RESULTS.glob("*.json"):
         r = json.loads(path.read_text())
-        if isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu"):
+        # a run that gave every engine the same KV cache memory (--kv-cache-gib) is not a headline figure
+        if isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu") and not r.get("kv_cache_gib"):
             files.append(((r["date"], "repeats" in r, r.get("time", ""), path.name), r, path.name))
     out: dict[str, dict[str, tuple[dict, list[str]]]] = {}
     for _, r, name in sorted(files, key=lambda f: f[0]):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05, bench06 (pytest-benchmark files),
-# latency, batch, long, long-hf-32k, ragged (the harness against the baselines), serve, serve-rate (the server under
-# load), or all (default; longer than one 10-minute device call).
+# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05, bench06, bench07 (pytest-benchmark
+# files), latency, batch, long, long-hf-32k, ragged, ragged-kv (the harness against the baselines; ragged-kv: at
+# the same KV memory, KV_GIBS, and max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all
+# (default; longer than one 10-minute device call).
 # LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
@@ -32,6 +33,7 @@ if want tests; then
   run cli-04 python3 -m stage04_static_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-05 python3 -m stage05_continuous_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-06 python3 -m stage06_online_softmax --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-07 python3 -m stage07_paged_attention --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
 if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
@@ -58,6 +60,10 @@ if want bench06; then
   run bench-attention python3 -m pytest stage06_online_softmax/bench_attention.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-attention.json" -q
 fi
+if want bench07; then
+  run bench-paged-attention python3 -m pytest stage07_paged_attention/bench_attention.py --benchmark-only \
+      -p no:cacheprovider --benchmark-json "$logs/${gpu}_${day}_pytest-bench-paged-attention.json" -q
+fi
 # the harness: every figure a median of 3 runs with its spread, against the previous stage and the baselines
 want latency && run harness-latency python3 -m common.bench --stages ${LATENCY_STAGES:-hf,hf-compile,03,04,05} \
     --workload latency --out "$logs"
@@ -76,6 +82,12 @@ want serve && run serve-ragged python3 -m common.bench_serving --stage ${SERVE_S
 want serve-rate && run serve-ragged-rate python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --no-direct \
     --request-rate ${SERVE_RATE:-16} ${SERVE_ARGS:-} --out "$logs"
 want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,05} --workload ragged --verbose --out "$logs"
+if want ragged-kv; then   # the same KV cache memory for every engine: what paging buys at a fixed budget
+  for gib in ${KV_GIBS:-4 16}; do
+    run "harness-ragged-kv$gib" python3 -m common.bench --stages ${RAGGED_STAGES:-06,07} --workload ragged \
+        --kv-cache-gib "$gib" --max-model-len ${RAGGED_LEN:-4096} --out "$logs"
+  done
+fi
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
 fi
