@@ -17,6 +17,7 @@ from common.device import DeviceArray, Gpu
 
 BLOCK_SIZE = 16      # vLLM's default: positions per block
 MAX_NUM_SEQS = 256   # vLLM's default ceiling on sequences in flight
+MAX_SLOTS = 2**31 - 1   # cache slots an int32 slot mapping can name
 
 
 def kv_cache_bytes(config: LlamaConfig, positions: int) -> int:
@@ -61,7 +62,10 @@ def plan_num_blocks(config: LlamaConfig, block_size: int, total_bytes: int, used
                              f"{per_block} bytes")
     if num_gpu_blocks is not None:
         free = max(total_bytes - used_bytes, 0)
-        if check_count("num_gpu_blocks", num_gpu_blocks) > free // per_block:
+        if check_count("num_gpu_blocks", num_gpu_blocks) * block_size > MAX_SLOTS:
+            raise ValueError(f"num_gpu_blocks={num_gpu_blocks} of {block_size} positions is more cache slots than "
+                             f"an int32 slot mapping names ({MAX_SLOTS:,})")
+        if num_gpu_blocks > free // per_block:
             raise MemoryError(f"num_gpu_blocks={num_gpu_blocks} does not fit: {free / 2**30:.2f} GiB are free on "
                               f"the device ({used_bytes / 2**30:.2f} GiB of {total_bytes / 2**30:.1f} in use), "
                               f"{per_block / 2**10:.0f} KiB per block of {block_size} positions, so at most "
@@ -73,7 +77,10 @@ def plan_num_blocks(config: LlamaConfig, block_size: int, total_bytes: int, used
                           f"(gpu_memory_utilization={gpu_memory_utilization} of {total_bytes / 2**30:.1f} GiB, "
                           f"less {used_bytes / 2**30:.2f} GiB in use), {per_block / 2**10:.0f} KiB per block of "
                           f"{block_size} positions; raise gpu_memory_utilization, or give kv_cache_memory_bytes")
-    return budget // per_block
+    # slots are int32 in the slot mapping: 0.9 of an H200 holds 2^31 positions of 60 bytes, so a model whose
+    # position costs less (one layer, one K/V head of 16: 64 bytes) comes close; a pool stops at the last slot
+    # int32 can name
+    return min(budget // per_block, MAX_SLOTS // block_size)
 
 
 class KVCache:

@@ -1,10 +1,12 @@
 """CPU: the block pool is sized from the device's memory as vLLM sizes it, or to an asked-for number of blocks or
 bytes, and a configuration that cannot fit is refused before anything is allocated, naming the figures."""
+from dataclasses import replace
+
 import pytest
 
 from common.synthetic import PRESETS
 
-from ..cache import kv_cache_bytes, plan_num_blocks
+from ..cache import MAX_SLOTS, kv_cache_bytes, plan_num_blocks
 
 GiB = 2**30
 CFG = PRESETS["llama-3.2-1b"]                    # 512 KiB of K/V per block of 16 positions
@@ -42,3 +44,12 @@ def test_nothing_fits_and_bad_values():
         plan_num_blocks(CFG, 16, 10 * GiB, 0, num_gpu_blocks=0)
     with pytest.raises(ValueError, match="kv_cache_memory_bytes=1000 holds no block"):
         plan_num_blocks(CFG, 16, 10 * GiB, 0, kv_cache_memory_bytes=1000)
+
+
+def test_a_pool_never_has_more_slots_than_int32_names():
+    small = replace(CFG, num_hidden_layers=1, num_key_value_heads=1, head_dim=16)      # 64 bytes a position
+    assert kv_cache_bytes(small, 1) == 64
+    assert plan_num_blocks(small, 16, 150 * GiB, 2 * GiB) == MAX_SLOTS // 16           # 2.2e9 positions would fit
+    with pytest.raises(ValueError, match=r"num_gpu_blocks=134217728 of 16 positions is more cache slots than an "
+                                         r"int32 slot mapping names"):
+        plan_num_blocks(small, 16, 150 * GiB, 2 * GiB, num_gpu_blocks=2**27)
