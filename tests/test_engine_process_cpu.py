@@ -93,10 +93,17 @@ def test_when_the_engine_process_dies_requests_end_and_health_says_so(tiny_dir):
         ep.close()
 
 
+def test_engine_options_reach_the_engine_and_one_it_does_not_take_is_refused(tiny_dir):
+    assert build_engine(None, str(tiny_dir), 96, {"max_num_seqs": 3, "block_size": None}).max_num_seqs == 3
+    with pytest.raises(SystemExit, match="the numpy reference engine takes no --block-size, "
+                                         "--gpu-memory-utilization"):
+        build_engine(None, str(tiny_dir), 96, {"gpu_memory_utilization": 0.5, "block_size": 16})
+
+
 def test_the_command_line_serves_with_engine_process(tiny_dir):
     """`python -m common.serve --engine-process`, as a user starts it: the spawned child must find the factory by
-    module and name (it cannot import the parent's __main__ when the parent ran with -m); one completion, then
-    Ctrl-C ends both processes."""
+    module and name (it cannot import the parent's __main__ when the parent ran with -m), and builds the engine
+    with the options given (--max-num-seqs); one completion, then Ctrl-C ends both processes."""
     import json
     import os
     import signal
@@ -111,7 +118,7 @@ def test_the_command_line_serves_with_engine_process(tiny_dir):
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "common.serve", "--model", str(tiny_dir), "--port", str(port),
-                             "--max-model-len", "96", "--engine-process"],
+                             "--max-model-len", "96", "--engine-process", "--max-num-seqs", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

@@ -1,4 +1,5 @@
 """python -m common.serve [--stage 05] [--model DIR|PRESET] [--host 127.0.0.1] [--port 8000] [--max-model-len N]
+                         [--max-num-seqs N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] [--block-size N]
 
 Serves the newest stage with the step API, or the one named; on a machine without a GPU, the numpy reference
 engine (and says so). The engine runs on a thread of the server's process, or with --engine-process in a process
@@ -17,6 +18,12 @@ def main(argv=None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--max-model-len", type=int)
+    engine = ap.add_argument_group("engine options (vLLM's names; a stage that does not take one refuses it)")
+    engine.add_argument("--max-num-seqs", type=int, help="sequences running at once (seq_slots)")
+    engine.add_argument("--max-num-batched-tokens", type=int, help="rows of one forward: the token budget")
+    engine.add_argument("--gpu-memory-utilization", type=float, help="the share of the GPU the engine may use")
+    engine.add_argument("--kv-cache-memory-bytes", type=int, help="the KV cache's size (a paged engine's pool)")
+    engine.add_argument("--block-size", type=int, help="positions per KV cache block (a paged engine)")
     ap.add_argument("--engine-process", action="store_true",
                     help="run the engine in a process of its own (engine_process.py), not on a thread of the "
                          "server's")
@@ -29,8 +36,10 @@ def main(argv=None) -> int:
     from .engines import build_engine
     from .server import Server
 
-    engine = (EngineProcess(build_engine, a.stage, a.model, a.max_model_len) if a.engine_process
-              else build_engine(a.stage, a.model, a.max_model_len))
+    options = {k: getattr(a, k) for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                                          "kv_cache_memory_bytes", "block_size")}
+    engine = (EngineProcess(build_engine, a.stage, a.model, a.max_model_len, options) if a.engine_process
+              else build_engine(a.stage, a.model, a.max_model_len, options))
     loop = EngineLoop(engine)
     loop.start()
     try:

@@ -4,6 +4,7 @@ import the parent's __main__ when it was started with -m."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -14,7 +15,10 @@ def has_step_api(module: str) -> bool:
     return all(hasattr(importlib.import_module(module).Engine, a) for a in STEP_API)
 
 
-def build_engine(stage: str | None, model: str, max_model_len: int | None):
+def build_engine(stage: str | None, model: str, max_model_len: int | None, options: dict | None = None):
+    """The engine to serve. `options` (vLLM's names: max_num_seqs, gpu_memory_utilization, block_size, ...) go to
+    its constructor; one it does not take is refused, naming it and the engine (a silently ignored
+    --gpu-memory-utilization would let two servers fight over one GPU)."""
     from common.bench import stage_module
     from common.device import has_gpu
 
@@ -24,7 +28,7 @@ def build_engine(stage: str | None, model: str, max_model_len: int | None):
 
         print(f"{why}: serving the numpy reference engine on {model} (slow; for tests and reading)",
               file=sys.stderr)
-        return ReferenceEngine(model, max_model_len=max_model_len)
+        return _construct(ReferenceEngine, "the numpy reference engine", model, max_model_len, options)
     if stage is None:          # the newest stage that has the API
         root = Path(__file__).resolve().parents[2]
         names = sorted(p.name for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
@@ -32,4 +36,12 @@ def build_engine(stage: str | None, model: str, max_model_len: int | None):
     elif not has_step_api(name := stage_module(stage)):
         raise SystemExit(f"--stage {stage}: {name} has no step API (add_request / step / abort_request); "
                          "stage05 and later have it")
-    return importlib.import_module(name).Engine(model, max_model_len=max_model_len)
+    return _construct(importlib.import_module(name).Engine, name, model, max_model_len, options)
+
+
+def _construct(cls, name: str, model: str, max_model_len: int | None, options: dict | None):
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    refused = sorted(set(options) - set(inspect.signature(cls).parameters))
+    if refused:
+        raise SystemExit(f"{name} takes no {', '.join('--' + k.replace('_', '-') for k in refused)}")
+    return cls(model, max_model_len=max_model_len, **options)
