@@ -223,7 +223,8 @@ def cross_stage() -> str:
 GENERATORS = {"stage-ladder": stage_ladder, "cross-stage": cross_stage, "presets": presets,
               "latency-results": latency_results, "growth-results": growth_results, "batch-results": batch_results,
               "ragged-results": ragged_results, "ragged-budget-results": ragged_budget_results,
-              "serving-results": serving_results, "long-results": long_results}   # data-driven: they read results, and name no stage
+              "serving-results": serving_results, "long-results": long_results}
+# (the generators above are data-driven: they read results, and name no stage)
 BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- end:\2 -->)", re.S)
 
 

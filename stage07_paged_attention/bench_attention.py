@@ -78,7 +78,8 @@ def test_decode_attention(benchmark, kernels, B, keys, block_size):
                                                          NKV, HD, n_splits, per_split))
     kv_bytes = 2 * B * keys * NKV * HD * 2
     floor_ms = kv_bytes / (gpu.copy_bandwidth_gbps() * 1e9) * 1e3
-    benchmark.extra_info.update(block_size=block_size, batch_size=B, cached_positions=keys, n_splits=n_splits, us_per_layer=round(1e3 * ms, 2),
+    benchmark.extra_info.update(block_size=block_size, batch_size=B, cached_positions=keys, n_splits=n_splits,
+                                us_per_layer=round(1e3 * ms, 2),
                                 floor_us=round(1e3 * floor_ms, 2), times_floor=round(ms / floor_ms, 2),
                                 achieved_gb_per_s=round(kv_bytes / ms / 1e6, 1))
 

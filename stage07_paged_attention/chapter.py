@@ -50,8 +50,8 @@ def worked_example() -> str:
     row("B finishes: its block goes back to the free list")
     pool.grow(c, 9)
     row("C admitted with a 9-token prompt: B's old block first, then two never used")
-    rows += ["", "The next step packs A's decode row (position 9) and C's prompt (positions 0..8); each row's cache slot "
-             "is `block_table[p // 4] * 4 + p % 4`:", "",
+    rows += ["", "The next step packs A's decode row (position 9) and C's prompt (positions 0..8); each row's cache "
+             "slot is `block_table[p // 4] * 4 + p % 4`:", "",
              "| row | sequence | position | block (table entry p // 4) | offset p % 4 | slot_mapping |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r, (name, p) in enumerate([("A", 9)] + [("C", p) for p in range(9)]):
@@ -98,7 +98,8 @@ def paged_kernels() -> str:
             lines.append(f"| {e['batch_size']} | {e['cached_positions']:,} | {e['block_size']} | {e['n_splits']} | "
                          f"{e['us_per_layer']:.1f} us ({1e3 * e['gpu_ms_min']:.1f}-{1e3 * e['gpu_ms_max']:.1f}) | "
                          f"{e['times_floor']:.2f}x | {e['achieved_gb_per_s']:,.0f} |")
-        lines += ["", "| prompt tokens | block size | GPU time per layer | achieved TFLOP/s |", "| --- | --- | --- | --- |"]
+        lines += ["", "| prompt tokens | block size | GPU time per layer | achieved TFLOP/s |",
+                  "| --- | --- | --- | --- |"]
         prefill = sorted((n for n in b if n.startswith("test_prefill_attention")),
                          key=lambda n: (b[n]["extra_info"]["prompt_tokens"], b[n]["extra_info"]["block_size"]))
         for n in prefill:

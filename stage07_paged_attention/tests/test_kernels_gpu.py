@@ -153,7 +153,8 @@ class PagedPool:
         for b, n in enumerate(held):
             table[b, -(-n // block_size):] = order[-1]            # unused entries: a spare block, NaN
         self.table = table.astype(np.int32)
-        self.kf, self.vf = (round_to_bf16(np.asarray(a, np.float32)) for a in (kf, vf))               # the logical caches, for the reference
+        # the logical caches, for the reference
+        self.kf, self.vf = (round_to_bf16(np.asarray(a, np.float32)) for a in (kf, vf))
         for b, n in enumerate(cached):
             self.kf[b, n:] = self.vf[b, n:] = np.nan
         pools = []
