@@ -53,11 +53,13 @@ def pytest_bench(suffix: str) -> list[tuple[str, str, dict]]:
 
 
 def latency_results() -> str:
-    """Every committed harness result of the `latency` workload."""
+    """Every committed harness result of the `latency` workload (at each engine's own KV cache size)."""
     rows = ["| date | GPU | engine | ms per decode step | time to first token | output tok/s | bandwidth use |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for path in sorted(RESULTS.glob("*_latency-*.json")):
         r = json.loads(path.read_text())
+        if r.get("kv_cache_gib"):           # a same-budget run (--kv-cache-gib) is not this table's
+            continue
         for stage, s in r["stages"].items():
             rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{stage}` | {s['ms_per_decode_step']:.2f} | "
                         f"{s['ttft_ms']:.2f} ms | {s['output_tok_per_s']:.1f} | "
