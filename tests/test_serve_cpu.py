@@ -90,13 +90,21 @@ def test_completion_equals_the_engine_alone(client, reference):
     assert got.usage.completion_tokens == 8 and got.usage.prompt_tokens == len(want.prompt_token_ids)
 
 
-def test_a_stream_says_what_the_whole_answer_says(client):
+def test_a_stream_says_what_the_whole_answer_says(client, monkeypatch):
+    import itertools
+    import types
+
+    import common.serve.app as app
+
+    ticks = itertools.count(1_700_000_000)          # a clock that moves a second every time it is read
+    monkeypatch.setattr(app, "time", types.SimpleNamespace(time=lambda: next(ticks)))
     whole = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=10, temperature=0)
     chunks = list(client.completions.create(model=MODEL, prompt="Once upon", max_tokens=10, temperature=0,
                                             stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert len({(c.id, c.created) for c in chunks}) == 1          # one completion: one id, one time (as OpenAI)
 
 
 def test_chat_uses_the_template_and_streams(client, reference):

@@ -138,14 +138,13 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
         kind = "chat.completion" if chat else "text_completion"
         oid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
 
-        prompt_tokens = len(prompt_ids)
+        prompt_tokens, created = len(prompt_ids), int(time.time())      # every chunk says the same time (OpenAI)
 
         def usage(n):
             return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
 
         def body(obj, choices, **extra):
-            return {"id": oid, "object": obj, "created": int(time.time()), "model": req.model, "choices": choices,
-                    **extra}
+            return {"id": oid, "object": obj, "created": created, "model": req.model, "choices": choices, **extra}
 
         def choice(text, reason, stream, ids=None):
             if not chat:
