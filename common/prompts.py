@@ -9,7 +9,8 @@ from common.tokenizer import Tokenizer
 
 
 class PromptError(ValueError):
-    """A prompt the engine cannot run: too long for max_model_len, empty, or ids outside the vocabulary."""
+    """A prompt the engine cannot run: too long for max_model_len, empty, ids outside the vocabulary, or (a paged
+    engine) with its max_tokens, more than the whole KV cache holds."""
 
 
 class PromptPreparer:

@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 
 from common.outputs import RequestOutput, Timing
-from common.prompts import PromptPreparer
+from common.prompts import PromptError, PromptPreparer
 from common.sampling import SamplingParams
 
 from .block_manager import BlockManager, blocks_for
@@ -73,7 +73,7 @@ class LLMEngine:
         positions = min(len(ids) + params.max_tokens - 1, self.max_model_len - 1)
         need, pool = blocks_for(positions, self.blocks.block_size), self.blocks.num_blocks
         if need > pool:                            # it could never run, even alone: refuse it now, not later
-            raise ValueError(f"request of {len(ids)} prompt tokens and max_tokens={params.max_tokens} needs "
+            raise PromptError(f"request of {len(ids)} prompt tokens and max_tokens={params.max_tokens} needs "
                              f"{need} KV cache blocks of {self.blocks.block_size} positions ({positions} "
                              f"positions) and the cache holds {pool}: lower max_tokens, or give the engine more "
                              "KV cache memory")

@@ -205,8 +205,8 @@ def test_preemption_on_a_small_pool_changes_no_request_s_tokens(reference, num_b
 
 def test_a_request_that_cannot_fit_alone_is_refused_at_add_request(reference):
     eng, _ = engine(reference, num_blocks=5)                 # 20 positions
-    with pytest.raises(ValueError, match=r"needs 6 KV cache blocks of 4 positions \(21 positions\) and the "
-                                         r"cache holds 5"):
+    with pytest.raises(PromptError, match=r"needs 6 KV cache blocks of 4 positions \(21 positions\) and the "
+                                          r"cache holds 5"):      # a PromptError: the server answers it with a 400
         eng.add_request(list(range(1, 12)), SamplingParams(max_tokens=11))
     eng.add_request(list(range(1, 12)), SamplingParams(max_tokens=10))       # 20 positions: fits
     assert eng.num_requests() == (0, 1)
