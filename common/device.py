@@ -223,11 +223,48 @@ class Gpu:
                 times.append(end - start)
         return 2 * nbytes / (sorted(times)[len(times) // 2] / 1e3) / 1e9
 
+    def capture(self, work) -> "CudaGraph":
+        """Run work() with the stream in capture mode: its kernels, copies and cuBLAS calls are recorded into a
+        graph, not run, and come back as a CudaGraph to replay. What work() queues must not depend on anything
+        but device memory at fixed addresses, and it may not wait for the GPU (in this thread, the driver
+        refuses such calls while capturing, and the capture fails with their name)."""
+        driver = _driver()
+        mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(driver.cuStreamBeginCapture(self.stream.handle, mode), "cuStreamBeginCapture")
+        try:
+            work()
+        except BaseException:
+            driver.cuStreamEndCapture(self.stream.handle)    # leave capture mode; the partial graph is dropped
+            raise
+        return CudaGraph(self, check(driver.cuStreamEndCapture(self.stream.handle), "cuStreamEndCapture"))
+
     def record(self):
         """Record a timing event on the stream; `end - start` of two events is milliseconds of GPU time."""
         from cuda.core import EventOptions
 
         return self.stream.record(options=EventOptions(timing_enabled=True))
+
+
+class CudaGraph:
+    """Stream work captured once (Gpu.capture) and replayed with one launch: the same kernels, with the same
+    arguments, in the same order, reading whatever the device memory they name holds at replay."""
+
+    def __init__(self, gpu: Gpu, graph):
+        driver = _driver()
+        self.gpu, self._graph = gpu, graph
+        self.num_nodes = check(driver.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1]   # launches it replaces
+        self._exec = check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        check(driver.cuGraphUpload(self._exec, gpu.stream.handle), "cuGraphUpload")    # its setup, done now
+
+    def launch(self) -> None:
+        """Queue one replay on the stream."""
+        check(_driver().cuGraphLaunch(self._exec, self.gpu.stream.handle), "cuGraphLaunch")
+
+    def __del__(self):
+        driver = _driver()
+        if getattr(self, "_exec", None) is not None:
+            driver.cuGraphExecDestroy(self._exec)
+        driver.cuGraphDestroy(self._graph)
 
 
 def _dtype_name(dtype: np.dtype) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05, bench06, bench07 (pytest-benchmark
-# files), latency, batch, long, long-hf-32k, ragged, ragged-kv (the harness against the baselines; ragged-kv: at
+# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05, bench06, bench07, bench08
+# (pytest-benchmark files), profile (common.profile, per kernel: PROFILE_RUNS of stage:batch[:eager]), latency, batch, long, long-hf-32k, ragged, ragged-kv (the harness against the baselines; ragged-kv: at
 # the same KV memory, KV_GIBS, and max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all
 # (default; longer than one 10-minute device call).
 # LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
@@ -34,6 +34,7 @@ if want tests; then
   run cli-05 python3 -m stage05_continuous_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-06 python3 -m stage06_online_softmax --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-07 python3 -m stage07_paged_attention --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-08 python3 -m stage08_cuda_graphs --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
 if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
@@ -63,6 +64,17 @@ fi
 if want bench07; then
   run bench-paged-attention python3 -m pytest stage07_paged_attention/bench_attention.py --benchmark-only \
       -p no:cacheprovider --benchmark-json "$logs/${gpu}_${day}_pytest-bench-paged-attention.json" -q
+fi
+if want bench08; then   # a decode step's GPU and host time, kernel by kernel and replayed, and the batch runs
+  run bench-graphs python3 -m pytest stage08_cuda_graphs/bench_batch.py --benchmark-only -p no:cacheprovider \
+      --benchmark-json "$logs/${gpu}_${day}_pytest-bench-graphs.json" -q
+fi
+if want profile; then   # needs cupti-python: carried as a wheel in .whl like nvmath
+  for spec in ${PROFILE_RUNS:-08:1 08:1:eager 07:1 08:64}; do
+    IFS=: read -r st b eager <<< "$spec"
+    run "profile-$st-b$b${eager:+-eager}" python3 -m common.profile --stage "$st" --batch "$b" \
+        ${eager:+--enforce-eager} --out "$logs"
+  done
 fi
 # the harness: every figure a median of 3 runs with its spread, against the previous stage and the baselines
 want latency && run harness-latency python3 -m common.bench --stages ${LATENCY_STAGES:-hf,hf-compile,03,04,05} \

@@ -1,0 +1,21 @@
+"""python -m <this stage> --prompt TEXT [--model DIR|PRESET] [--chat] [--max-tokens N] ...: generate text,
+streamed token by token, on the GPU; without one, through the numpy reference engine (flags: common/cli.py)."""
+from __future__ import annotations
+
+import sys
+
+from common.cli import generate_main
+
+
+def gpu_engine(model: str, max_model_len: int | None):
+    from .engine import Engine
+
+    return Engine(model, max_model_len=max_model_len, progress=True)
+
+
+def main(argv=None) -> int:
+    return generate_main(__package__, gpu_engine, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The generated parts of this stage's chapter (README.md); `python -m common.readme` renders them with the common,
+data-driven ones.
+
+  graph-ladder    which captured graph a decode step of R rows replays, and how many padding rows it carries:
+                  computed by graphs.py for the default max_num_seqs
+  decode-profile  the committed runs of `python -m common.profile`: a decode step's kernels, group by group,
+                  against their floors, one column per run, one table per batch size
+"""
+from __future__ import annotations
+
+import json
+
+from common.readme import RESULTS
+
+from .cache import MAX_NUM_SEQS
+from .graphs import capture_sizes, graph_size
+
+ROWS = (1, 2, 3, 5, 8, 9, 24, 33, 64, 65, 100, 129, 200, 256)
+
+
+def graph_ladder() -> str:
+    sizes = capture_sizes(MAX_NUM_SEQS)
+    lines = [f"Captured sizes at max_num_seqs={MAX_NUM_SEQS}: {', '.join(map(str, sizes))}.", "",
+             "| decode rows | graph replayed | padding rows | share of the GEMMs' rows that are padding |",
+             "| --- | --- | --- | --- |"]
+    for r in ROWS:
+        size = graph_size(r, sizes)
+        lines.append(f"| {r} | {size} | {size - r} | {(size - r) / size:.0%} |")
+    return "\n".join(lines)
+
+
+def _label(p: dict) -> str:
+    how = "eager" if p["enforce_eager"] or not p["stage"].startswith("stage08") else "graphs"
+    return f"`{p['stage'][:7]}` {how}, {p['date'][11:16]}"
+
+
+def decode_profile() -> str:
+    runs = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*_profile-*.json")), key=lambda p: p["date"])
+    lines = []
+    for batch in sorted({p["batch"] for p in runs}):
+        mine = [p for p in runs if p["batch"] == batch]
+        first = mine[0]
+        lines += [f"Batch {batch}, {first['cache_length']} prompt tokens a request, {first['gpu']}, "
+                  f"{first['date'][:10]}: us a decode step, the median of {first['steps']} steps (the floors at "
+                  f"the copy bandwidth each run measured, {first['copy_gb_per_s']:,.0f} GB/s in the first):", "",
+                  "| kernels | floor | " + " | ".join(_label(p) for p in mine) + " |",
+                  "| --- | --- | " + " | ".join("---" for _ in mine) + " |"]
+        for group, floor in first["groups"].items():
+            if all(p["groups"][group]["us"] == 0 for p in mine):
+                continue
+            cells = []
+            for p in mine:
+                g = p["groups"][group]
+                ratio = f" ({g['us'] / g['floor_us']:.1f}x)" if g["floor_us"] >= 1 else ""
+                cells.append(f"{g['us']:.1f}{ratio}")
+            lines.append(f"| {group} | {floor['floor_us']:.1f} | " + " | ".join(cells) + " |")
+        for key, name in (("busy_us", "all kernels, busy"), ("span_us", "GPU span, first start to last end"),
+                          ("wall_us", "the step's wall time, through step()")):
+            floor = f"{first['floor_us']:.1f}" if key == "busy_us" else ""
+            lines.append(f"| **{name}** | {floor} | " + " | ".join(f"{p[key]:.0f}" for p in mine) + " |")
+        lines.append("| kernels a step | | " + " | ".join(f"{p['kernels_per_step']:.0f}" for p in mine) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+GENERATORS = {"graph-ladder": graph_ladder, "decode-profile": decode_profile}
