@@ -35,11 +35,12 @@ def _label(p: dict) -> str:
 
 
 def decode_profile() -> str:
-    runs = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*_profile-*.json")), key=lambda p: p["date"])
+    runs = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*_profile-*.json")),   # the stages in order,
+                  key=lambda p: (p["stage"], not p["enforce_eager"], p["date"]))       # eager before graphs
     lines = []
     for batch in sorted({p["batch"] for p in runs}):
         mine = [p for p in runs if p["batch"] == batch]
-        first = mine[0]
+        first = mine[0]                              # the floors: the same shapes in every run of this batch
         lines += [f"Batch {batch}, {first['cache_length']} prompt tokens a request, {first['gpu']}, "
                   f"{first['date'][:10]}: us a decode step, the median of {first['steps']} steps (the floors at "
                   f"the copy bandwidth each run measured, {first['copy_gb_per_s']:,.0f} GB/s in the first):", "",

@@ -82,6 +82,10 @@ class Engine:
             print(f"cuda graphs {len(self.graphs.sizes)} decode batch sizes {self.graphs.sizes[0]}.."
                   f"{self.graphs.sizes[-1]} captured in {self.graphs.capture_s:.2f} s, "
                   f"{self.graphs.graph_bytes / 2**20:.1f} MiB", file=sys.stderr)
+            won = [f"{name} M={m} ({blas:.1f} -> {mine:.1f} us)" for (name, m), (blas, mine)
+                   in self.graphs.gemm_us.items() if (m, *self.model.layers[0][name].shape) in self.model.gemv_shapes]
+            print(f"gemv       in place of cuBLAS for {len(won)} of {len(self.graphs.gemm_us)} (GEMM, rows): "
+                  f"{', '.join(won) or 'none'}", file=sys.stderr)
         self.llm = LLMEngine(GpuRunner(self.model, self.graphs), self.prompts, B, tokens,
                              BlockManager(num_blocks, bs))
 

@@ -16,10 +16,16 @@ grids and their arguments (pointers and scalars) are the captured ones. So:
   - the decode split's grid is the most blocks any step of that size may use (its keys at max_model_len); each
     step's keys per split is an input, and the blocks past a row's keys return at once.
 
+Before capture, each layer GEMM is timed at each captured size up to 8 rows, cuBLAS against gemv.cu (a kernel that
+only streams the weights), from graphs of all the layers' GEMMs of that shape (so the weights come from HBM, not
+L2, and no launch gap is timed); gemv.cu is captured where it takes at most GEMV_GAIN of cuBLAS's time
+(pick_gemms).
+
 Only steps of decode rows replay; a step with a prompt chunk runs eagerly (its shapes vary with the chunk), as in
 vLLM. Block-table updates, which vary in number, are written by their kernel before the replay.
 
-    DecodeGraphs(model).capture()      at start: one graph per size, after an eager warm-up run of each
+    DecodeGraphs(model).capture()      at start: the GEMMs picked, then one graph per size, after an eager
+                                       warm-up run of each
     run(step) -> sampled ids | None    None: not a decode step the graphs hold (the caller runs it eagerly)
 """
 from __future__ import annotations
@@ -30,12 +36,56 @@ import numpy as np
 
 from common.device import PinnedBuffer
 
-from .kernels import decode_split
+from .kernels import GEMV_MAX_ROWS, decode_split
 from .packing import StepInputs
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FIELDS = (("tokens", 1, 0), ("positions", 1, 0), ("slot_mapping", 1, -1), ("logit_rows", 1, None),
           ("logit_seq_slots", 1, 0), ("counters", 1, 0), ("tiles", 4, None))   # (name, ints a row, padding)
+
+
+GEMV_GAIN = 0.9         # gemv.cu replaces cuBLAS only where it takes at most 0.9 of cuBLAS's time: a near tie
+#                         would flip with the timing noise from one engine to the next, and with it the rounding
+#                         of the logits, so two engines on one machine could part at a greedy near-tie
+GEMM_BUFFERS = {"qkv": ("h", "qkv"), "o": ("attn", "d"), "gate_up": ("h", "gate_up"), "down": ("act", "d")}
+
+
+def gpu_us(gpu, work, repeats: int = 3) -> float:
+    """GPU microseconds of work(), captured as a graph and replayed between two events (the median of
+    `repeats` replays after one): the kernels back to back, no launch gap timed."""
+    work()                                          # cuBLAS sets itself up for the shape outside the capture
+    graph, times = gpu.capture(work), []
+    graph.launch()
+    for _ in range(repeats):
+        start = gpu.record()
+        graph.launch()
+        end = gpu.record()
+        end.sync()
+        times.append(1e3 * (end - start))
+    return sorted(times)[len(times) // 2]
+
+
+def pick_gemms(model, rows: list[int]) -> dict[tuple[str, int], tuple[float, float]]:
+    """For each layer GEMM (qkv, o, gate_up, down) and each M in `rows` up to GEMV_MAX_ROWS: the GPU time of
+    one, through cuBLAS and through gemv.cu, each the mean over every layer's weights of that name (a pass over
+    them all: the weights stream from HBM as in a step). Where gemv.cu takes at most GEMV_GAIN of cuBLAS's time,
+    model.gemv_shapes takes its (M, N, K) and model.linear() uses it from then on. Returns (name, M) -> (cuBLAS
+    us, gemv us)."""
+    times = {}
+    for name, (src, dst) in GEMM_BUFFERS.items():
+        weights = [layer[name] for layer in model.layers]
+        (N, K), L = weights[0].shape, len(weights)
+        if K % 8 or any(w.ptr % 16 for w in weights):   # gemv.cu's 16-byte loads cannot take them
+            continue
+        for m in (r for r in rows if r <= GEMV_MAX_ROWS):
+            x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
+            model.gpu.fill_bytes(x, 0)
+            blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, w, y) for w in weights]) / L
+            mine = gpu_us(model.gpu, lambda: [model.kernels.gemv(x, w, y) for w in weights]) / L
+            times[(name, m)] = (blas, mine)
+            if mine <= GEMV_GAIN * blas:
+                model.gemv_shapes.add((m, N, K))
+    return times
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -104,6 +154,7 @@ class DecodeGraphs:
         self._turn = 0
         self._ids = PinnedBuffer(4 * max(self.sizes))
         self.capture_s, self.graph_bytes = 0.0, 0
+        self.gemm_us: dict[tuple[str, int], tuple[float, float]] = {}
 
     # ------------------------------------------------------------------ at start
     def _views(self, size: int):
@@ -123,9 +174,11 @@ class DecodeGraphs:
         self.model.queue_sample_rows(size, seq_slots, counters)
 
     def capture(self) -> None:
-        """Capture a graph for every size, largest first, each after one eager run of the same work (cuBLAS and
-        the launch configurations set themselves up outside the capture), on inputs of padding rows only."""
+        """Pick each small GEMM's kernel (pick_gemms), then capture a graph for every size, largest first, each after
+        one eager run of the same work (cuBLAS and the launch configurations set themselves up outside the
+        capture), on inputs of padding rows only."""
         t0 = time.perf_counter()
+        self.gemm_us = pick_gemms(self.model, self.sizes)
         free0, _ = self.gpu.memory()
         empty = StepInputs(*[np.zeros(0, np.int32)] * 7, np.zeros((0, 4), np.int32), np.zeros((0, 2), np.int32))
         for size in sorted(self.sizes, reverse=True):

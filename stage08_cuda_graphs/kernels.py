@@ -23,6 +23,8 @@ TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take e
 MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over
 MIN_KEYS_PER_SPLIT = 128  # two 64-key tiles, the K/V pipeline's depth; below it a split's fixed cost dominates
 SPLIT_TARGET_BLOCKS_PER_SM = 4
+GEMV_MAX_ROWS = 8        # gemv.cu's instantiations: M = 1..8
+GEMV_WARPS = 8           # its output columns a block
 
 
 def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
@@ -70,6 +72,7 @@ class Kernels:
         self._kv_write, = load("kv_write.cu", "kv_write")
         self._block_table_write, = load("block_table.cu", "block_table_write")
         self._sample, = load("sampling.cu", "sample_tokens")
+        self._gemv = load("gemv.cu", *(f"gemv_m{m}" for m in range(1, GEMV_MAX_ROWS + 1)))
         self.sms = sms = gpu.device.properties.multiprocessor_count
         self._configs: dict[tuple, object] = {}
         self._checksum_config = self._config("checksum", 4 * sms, THREADS)
@@ -204,6 +207,15 @@ class Kernels:
             self.gpu.launch(self._attention_combine, self._config("attention_combine", (n, n_heads), 64),
                             partial.arg, out.arg, tiles.arg, *map(np.int32, (n_heads, head_dim, n_splits)),
                             split_keys)
+
+    def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray) -> None:
+        """y = x @ w^T for a few rows, streaming the weights (gemv.cu).   x (M, K) bf16 with M <= GEMV_MAX_ROWS,
+        w (N, K) bf16, y (M, N) bf16; K a multiple of 8 and x, w 16-byte aligned (its loads are 16 bytes)."""
+        (M, K), (N, K_w) = x.shape, w.shape
+        _expect("gemv", x.dtype == w.dtype == y.dtype == "bf16" and K == K_w and y.shape == (M, N)
+                and 1 <= M <= GEMV_MAX_ROWS and K % 8 == 0 and x.ptr % 16 == 0 and w.ptr % 16 == 0, x, w, y)
+        self.gpu.launch(self._gemv[M - 1], self._config("gemv", -(-N // GEMV_WARPS), 32 * GEMV_WARPS), w.arg,
+                        x.arg, y.arg, np.int32(N), np.int32(K))
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
                seed: DeviceArray, param_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:

@@ -18,6 +18,9 @@ in it: what batching buys.
         d = (silu(g) * u) @ Wdown^T
     x += d;  h = rms_norm(x) * w_final;  logits = h[logit_rows] @ E^T   (the LM head is the embedding, tied)
 
+Each layer GEMM goes through linear(): cuBLAS, or gemv.cu for the few-row shapes where it was measured faster
+at start (graphs.pick_gemms).
+
 Buffer reuse: every activation buffer is allocated once, for max_num_batched_tokens rows, and each forward uses
 its first R rows; the layers take turns in the same buffers. No allocation happens while generating, so the
 activations' peak is what the constructor allocates: the engine measures it (free memory before and after) and
@@ -51,6 +54,7 @@ class Model:
                  max_model_len: int, max_num_batched_tokens: int, block_size: int):
         self.weights, self.config, self.gpu, self.kernels = weights, config, gpu, kernels
         self.cublas = Cublas(gpu)
+        self.gemv_shapes: set[tuple[int, int, int]] = set()   # (M, N, K) where gemv.cu beat cuBLAS (graphs.py)
         self.max_num_seqs, self.max_model_len = B, L = max_num_seqs, max_model_len
         self.max_rows = R = max_num_batched_tokens
         c = config
@@ -197,7 +201,7 @@ class Model:
                 k.rms_norm(x, w["in_norm"], h, eps)
             else:
                 k.add_rms_norm(x, d, w["in_norm"], h, eps)        # x += previous layer's MLP output
-            self.cublas.linear(h, w["qkv"], qkv)
+            self.linear(h, w["qkv"], qkv)
             k.rope(qkv, self.cos, self.sin, positions, nh + nkv, hd)
             k_cache, v_cache = self.cache.layer(i)
             k.kv_write(qkv, k_cache, v_cache, slot_mapping, nh, nkv, hd)
@@ -207,11 +211,11 @@ class Model:
             if decode_tiles is not None:
                 k.attention(qkv, k_cache, v_cache, attn, self.partial, decode_tiles, self.block_tables, nh, nkv,
                             hd, *split)
-            self.cublas.linear(attn, w["o"], d)
+            self.linear(attn, w["o"], d)
             k.add_rms_norm(x, d, w["post_norm"], h, eps)          # x += attention output
-            self.cublas.linear(h, w["gate_up"], gate_up)
+            self.linear(h, w["gate_up"], gate_up)
             k.silu_mul(gate_up, act)
-            self.cublas.linear(act, w["down"], d)
+            self.linear(act, w["down"], d)
         k.add_rms_norm(x, d, self.weights["model.norm.weight"], h, eps)
         if n == 0:                                   # a step of prompt chunks that complete no prompt
             return self.row_view(self.logits, 0, 0)
@@ -221,6 +225,13 @@ class Model:
             logits = self.row_view(self.logits, 0, n)
         self.cublas.linear(chosen, self.weights.lm_head, logits)
         return logits
+
+    def linear(self, x: DeviceArray, w: DeviceArray, y: DeviceArray) -> None:
+        """y = x @ w^T: gemv.cu for the (M, N, K) where it was measured faster than cuBLAS, else cuBLAS."""
+        if (x.shape[0], *w.shape) in self.gemv_shapes:
+            self.kernels.gemv(x, w, y)
+        else:
+            self.cublas.linear(x, w, y)
 
     def queue_sample_rows(self, n: int, seq_slots: DeviceArray | None = None,
                           counters: DeviceArray | None = None) -> DeviceArray:

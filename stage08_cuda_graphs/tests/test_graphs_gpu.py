@@ -10,7 +10,7 @@ import pytest
 from common.sampling import SamplingParams
 from common.testing import rel_l2
 
-from ..graphs import decode_layout, pack_decode
+from ..graphs import GEMV_GAIN, decode_layout, pack_decode
 from ..packing import pack
 
 pytestmark = pytest.mark.gpu
@@ -99,6 +99,18 @@ def test_padding_rows_change_no_real_row_and_write_nothing(engine):
         assert np.array_equal(m.gpu.to_host(m.cache.buffer), cache_before)
     finally:
         abort_all(engine)
+
+
+def test_each_small_gemm_was_timed_and_the_faster_kernel_kept(engine):
+    """Every layer GEMM at every captured size up to 8 rows has a cuBLAS and a gemv.cu time, and the model uses
+    gemv.cu exactly where it took at most GEMV_GAIN of cuBLAS's time."""
+    m, times = engine.model, engine.graphs.gemm_us
+    sizes = [s for s in engine.graphs.sizes if s <= 8]
+    assert sorted(times) == sorted((name, s) for name in ("qkv", "o", "gate_up", "down") for s in sizes)
+    shapes = {name: m.layers[0][name].shape for name in ("qkv", "o", "gate_up", "down")}
+    want = {(s, *shapes[name]) for (name, s), (blas, mine) in times.items() if mine <= GEMV_GAIN * blas}
+    assert m.gemv_shapes == want
+    assert all(0 < t < 1e4 for pair in times.values() for t in pair)
 
 
 def test_a_replay_follows_the_step_s_split_of_the_keys(engine):

@@ -361,6 +361,25 @@ def test_block_table_write_sets_the_entries_it_is_given_and_no_other(kernels, rn
     assert np.array_equal(read(gpu, tables).reshape(-1), want)
 
 
+@pytest.mark.parametrize("M", range(1, 9))
+@pytest.mark.parametrize("N, K", [(37, 8), (1000, 264), (19, 2048)])      # N: columns over 8-warp blocks, not whole
+def test_gemv_matches_numpy(kernels, rng, M, N, K):
+    gpu = kernels.gpu
+    x, xf = bf16(gpu, rng.normal(0, 1, (M, K)))
+    w, wf = bf16(gpu, rng.normal(0, 0.05, (N, K)))
+    y = poisoned(gpu, (M, N))
+    kernels.gemv(x, w, y)
+    assert rel_l2(read(gpu, y), xf @ wf.T) < 1e-2
+
+
+def test_gemv_refuses_what_it_cannot_load(kernels):
+    gpu = kernels.gpu
+    with pytest.raises(ValueError, match="gemv"):                          # K not a multiple of 8
+        kernels.gemv(gpu.empty((1, 12), "bf16"), gpu.empty((4, 12), "bf16"), gpu.empty((1, 4), "bf16"))
+    with pytest.raises(ValueError, match="gemv"):                          # 9 rows: no instantiation
+        kernels.gemv(gpu.empty((9, 16), "bf16"), gpu.empty((4, 16), "bf16"), gpu.empty((9, 4), "bf16"))
+
+
 def test_launchers_reject_bad_shapes(kernels):
     gpu = kernels.gpu
     with pytest.raises(ValueError, match="rms_norm"):
