@@ -180,6 +180,7 @@ def profile(stage: str, batch: int, cache_length: int, steps: int, enforce_eager
             "busy_us": med(r["busy_us"] for r in rows), "kernels_per_step": med(r["kernels"] for r in rows),
             "floor_us": sum(floors.values()) / (bandwidth * 1e9) * 1e6,
             "weights_floor_us": engine.checkpoint.total_bytes / (bandwidth * 1e9) * 1e6,
+            "gemv_shapes": sorted(getattr(engine.model, "gemv_shapes", ())),   # (M, N, K) not through cuBLAS
             "groups": groups, "steps_detail": rows}
 
 
