@@ -29,9 +29,13 @@ def graph_ladder() -> str:
     return "\n".join(lines)
 
 
+def _eager(p: dict) -> bool:
+    """A run without this stage's graphs (an earlier stage, or enforce_eager): every GEMM through cuBLAS."""
+    return p["enforce_eager"] or not p["stage"].startswith("stage08")
+
+
 def _label(p: dict) -> str:
-    how = "eager" if p["enforce_eager"] or not p["stage"].startswith("stage08") else "graphs"
-    return f"`{p['stage'][:7]}` {how}, {p['date'][11:16]}"
+    return f"`{p['stage'][:7]}` {'eager' if _eager(p) else 'graphs'}, {p['date'][11:16]}"
 
 
 def decode_profile() -> str:
@@ -60,6 +64,9 @@ def decode_profile() -> str:
             floor = f"{first['floor_us']:.1f}" if key == "busy_us" else ""
             lines.append(f"| **{name}** | {floor} | " + " | ".join(f"{p[key]:.0f}" for p in mine) + " |")
         lines.append("| kernels a step | | " + " | ".join(f"{p['kernels_per_step']:.0f}" for p in mine) + " |")
+        lines.append("| GEMMs through gemv.cu (M x N x K) | | " + " | ".join(
+            "none" if _eager(p) else ", ".join("x".join(map(str, g)) for g in p["gemv_shapes"]) or "none"
+            if "gemv_shapes" in p else "not recorded" for p in mine) + " |")
         lines.append("")
     return "\n".join(lines).rstrip()
 

@@ -24,7 +24,8 @@ MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are sp
 MIN_KEYS_PER_SPLIT = 128  # two 64-key tiles, the K/V pipeline's depth; below it a split's fixed cost dominates
 SPLIT_TARGET_BLOCKS_PER_SM = 4
 GEMV_MAX_ROWS = 8        # gemv.cu's instantiations: M = 1..8
-GEMV_WARPS = 8           # its output columns a block
+GEMV_WARPS = 8           # its warps a block: 8 / split output columns, split warps each
+GEMV_KEYS_PER_WARP = 2048   # a column's row of K weights gets a warp per 2048 of them (1, 2, 4 or 8 warps)
 
 
 def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
@@ -214,8 +215,11 @@ class Kernels:
         (M, K), (N, K_w) = x.shape, w.shape
         _expect("gemv", x.dtype == w.dtype == y.dtype == "bf16" and K == K_w and y.shape == (M, N)
                 and 1 <= M <= GEMV_MAX_ROWS and K % 8 == 0 and x.ptr % 16 == 0 and w.ptr % 16 == 0, x, w, y)
-        self.gpu.launch(self._gemv[M - 1], self._config("gemv", -(-N // GEMV_WARPS), 32 * GEMV_WARPS), w.arg,
-                        x.arg, y.arg, np.int32(N), np.int32(K))
+        split = 1
+        while split < GEMV_WARPS and K >= 2 * split * GEMV_KEYS_PER_WARP:
+            split *= 2
+        self.gpu.launch(self._gemv[M - 1], self._config("gemv", -(-N // (GEMV_WARPS // split)), 32 * GEMV_WARPS),
+                        w.arg, x.arg, y.arg, np.int32(N), np.int32(K), np.int32(split))
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
                seed: DeviceArray, param_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:

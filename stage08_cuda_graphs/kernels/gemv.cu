@@ -6,14 +6,18 @@
 // At M = 1..8 a linear layer reads N K weights to do M N K multiply-adds: about one flop per byte, so its time is
 // the time to stream W from HBM once, and the only question is how close to the copy bandwidth it gets. cuBLAS's
 // heuristic picks tensor-core GEMM tiles for these shapes; the profile measured them at 1.5-2.8x their floor on
-// the 1B's qkv, o and down projections at batch 1. This kernel does nothing but stream: a warp owns one output
-// column n (one row of W, contiguous), each lane loads 16 bytes (8 weights) at a time, k = 8 lane, 8 lane + 256,
-// ..., multiplies them by the same 8 elements of every x row (x is a few KiB, served from L1/L2 to every warp),
-// and the warp sums its 32 partial dot products with shuffles. Loads are unrolled four deep so each lane keeps
-// 64 bytes of W in flight. The engine times it against cuBLAS per shape at start and keeps the faster
-// (model.py), so it runs only where it wins.
+// the 1B's qkv, o and down projections at batch 1. This kernel does nothing but stream: `split` warps share
+// one output column n (one row of W, contiguous), each lane loads 16 bytes (8 weights) at a time, lane l of part
+// p at k = 8 (l + 32 p), then every 8 * 32 * split further, multiplies them by the same 8 elements of every x
+// row (x is a few KiB, served from L1/L2 to every warp), and each warp sums its 32 partial dot products with
+// shuffles; the split's partials meet in shared memory and are added in a fixed order (the same bits every
+// run). Loads are unrolled four deep so each lane keeps 64 bytes of W in flight. split (1, 2, 4 or 8 warps a
+// column) grows with K, so a long row (down's 8192) is streamed by several warps at once instead of one warp
+// making 32 trips. The engine times it against cuBLAS per shape at start and keeps it only where it is clearly
+// faster (graphs.py), so it runs only where it wins.
 //
-// Launch: grid ceil(N / 8), block 256 (8 warps, one column each). One instantiation per M (gemv_m1 .. gemv_m8).
+// Launch: grid ceil(N / (8 / split)), block 256 (8 warps: 8 / split columns a block). One instantiation per M
+// (gemv_m1 .. gemv_m8).
 #include <cuda_bf16.h>
 
 #define WARPS 8
@@ -26,16 +30,17 @@ union Pack {                                          // 8 bf16, loaded as one 1
 
 template <int M>
 __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,
-                                            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n = blockIdx.x * WARPS + warp;
-    if (n >= n_cols) return;
-    const __nv_bfloat16* row = w + static_cast<long long>(n) * k_dim;
+                                            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int split) {
+    __shared__ float partial[WARPS][M];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % split;
+    const int n = blockIdx.x * (WARPS / split) + warp / split;
+    const bool valid = n < n_cols;                   // every thread reaches the barrier below
+    const __nv_bfloat16* row = w + static_cast<long long>(valid ? n : 0) * k_dim;
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] = 0.0f;
 #pragma unroll 4
-    for (int k = VEC * lane; k < k_dim; k += VEC * 32) {
+    for (int k = VEC * (lane + 32 * part); valid && k < k_dim; k += VEC * 32 * split) {
         Pack a;
         a.word = __ldg(reinterpret_cast<const uint4*>(row + k));
 #pragma unroll
@@ -55,15 +60,21 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
         float v = acc[m];
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0) y[static_cast<long long>(m) * n_cols + n] = __float2bfloat16(v);
+        if (lane == 0) partial[warp][m] = v;
+    }
+    __syncthreads();
+    if (valid && part == 0 && lane < M) {            // lane m adds row m's partials of the column's warps
+        float total = 0.0f;
+        for (int q = 0; q < split; ++q) total += partial[warp + q][lane];
+        y[static_cast<long long>(lane) * n_cols + n] = __float2bfloat16(total);
     }
 }
 
 #define INSTANTIATE(M)                                                                                            \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_m##M(                                         \
             const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,                           \
-            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim) {                                              \
-        gemv_column<M>(w, x, y, n_cols, k_dim);                                                                  \
+            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int split) {                                   \
+        gemv_column<M>(w, x, y, n_cols, k_dim, split);                                                           \
     }
 INSTANTIATE(1)
 INSTANTIATE(2)

@@ -362,7 +362,8 @@ def test_block_table_write_sets_the_entries_it_is_given_and_no_other(kernels, rn
 
 
 @pytest.mark.parametrize("M", range(1, 9))
-@pytest.mark.parametrize("N, K", [(37, 8), (1000, 264), (19, 2048)])      # N: columns over 8-warp blocks, not whole
+# N: not whole blocks of columns; K: one warp a column (8, 264, 2048), two (4104) and four (8200)
+@pytest.mark.parametrize("N, K", [(37, 8), (1000, 264), (19, 2048), (45, 4104), (7, 8200)])
 def test_gemv_matches_numpy(kernels, rng, M, N, K):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 1, (M, K)))
