@@ -54,7 +54,7 @@ class Model:
                  max_model_len: int, max_num_batched_tokens: int, block_size: int):
         self.weights, self.config, self.gpu, self.kernels = weights, config, gpu, kernels
         self.cublas = Cublas(gpu)
-        self.gemv_shapes: set[tuple[int, int, int]] = set()   # (M, N, K) where gemv.cu beat cuBLAS (graphs.py)
+        self.gemv_shapes: set[tuple[int, int, int]] = set()   # (M, N, K) that take gemv.cu (graphs.pick_gemms)
         self.max_num_seqs, self.max_model_len = B, L = max_num_seqs, max_model_len
         self.max_rows = R = max_num_batched_tokens
         c = config
