@@ -76,3 +76,30 @@ def test_a_step_with_a_prompt_chunk_is_not_a_decode_step():
     assert not is_decode_step(pack(SchedulerOutput([ScheduledChunk(a, 5, 1), ScheduledChunk(p, 0, 5)]), L, BS))
     # a one-row chunk in the middle of a prompt samples nothing: not a decode row either
     assert not is_decode_step(pack(SchedulerOutput([ScheduledChunk(a, 5, 1), ScheduledChunk(p, 0, 1)]), L, BS))
+
+
+@pytest.mark.parametrize("max_model_len", [16, 300, 2048, 3000, 4096, 131072])
+@pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 64, 256])
+def test_a_step_s_split_never_needs_more_blocks_than_the_captured_grid(max_model_len, max_num_seqs):
+    """The grid of a size's graph has decode_split()'s splits for max_model_len keys; every step's keys_per_split
+    (any longest row up to max_model_len) covers its keys in at most that many splits, in whole 32-key tiles, and
+    is never smaller than what decode_split() asks (the splits' partials fit the buffer). decode_split() alone
+    would not do: at max_num_seqs=256 and max_model_len=2048 the graph of 8 rows has 8 splits, and a step whose
+    longest row holds 1,152 keys asks for 9 of 128 keys; the ninth block would not exist and its keys would be
+    skipped."""
+    from types import SimpleNamespace
+
+    from ..graphs import DecodeGraphs
+    from ..kernels import decode_split
+
+    config, sms = SimpleNamespace(num_key_value_heads=8), 132
+    model = SimpleNamespace(config=config, kernels=SimpleNamespace(sms=sms), partial_rows=4 * max_num_seqs)
+    for size in capture_sizes(max_num_seqs):
+        n_splits = decode_split(size, max_model_len, 8, sms, 4 * max_num_seqs)[0]
+        graphs = SimpleNamespace(model=model, n_splits={size: n_splits})
+        for max_keys in range(1, max_model_len + 1, max(1, max_model_len // 700)):
+            per_split = DecodeGraphs.keys_per_split(graphs, size, max_keys)
+            assert -(-max_keys // per_split) <= n_splits
+            assert per_split >= decode_split(size, max_keys, 8, sms, 4 * max_num_seqs)[1]
+            assert n_splits == 1 or per_split % 32 == 0 or per_split == max_keys
+            assert size * n_splits <= 4 * max_num_seqs or n_splits == 1
