@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
 # $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05, bench06, bench07, bench08
-# (pytest-benchmark files), profile (common.profile, per kernel: PROFILE_RUNS of stage:batch[:eager]), latency, batch, long, long-hf-32k, ragged, ragged-kv (the harness against the baselines; ragged-kv: at
-# the same KV memory, KV_GIBS, and max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all
-# (default; longer than one 10-minute device call).
+# (pytest-benchmark files), profile (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]),
+# latency, batch, long, long-hf-32k, ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same
+# KV memory, KV_GIBS, and max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default;
+# longer than one 10-minute device call).
 # LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
 # On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
