@@ -1,6 +1,6 @@
 """CUDA graphs for decode steps: the forward and the sampler captured once per batch size, replayed with one launch.
 
-At batch 1 a decode step is ~180 launches of kernels that each run a few microseconds; queueing one from Python
+At batch 1 a decode step is ~200 launches of kernels that each run a few microseconds; queueing one from Python
 costs about as much, so the GPU waits on the host. A CUDA graph records the step's launches once (Gpu.capture) and
 replays them all with one call. What a replay cannot do is change anything the host chose: the kernels, their
 grids and their arguments (pointers and scalars) are the captured ones. So:
@@ -21,8 +21,8 @@ only streams the weights), from graphs of all the layers' GEMMs of that shape (s
 L2, and no launch gap is timed); gemv.cu is captured where it takes at most GEMV_GAIN of cuBLAS's time
 (pick_gemms).
 
-Only steps of decode rows replay; a step with a prompt chunk runs eagerly (its shapes vary with the chunk), as in
-vLLM. Block-table updates, which vary in number, are written by their kernel before the replay.
+Only steps of decode rows replay; a step with a prompt chunk runs eagerly (its shapes vary with the chunk), as
+vLLM's first engine did. Block-table updates, which vary in number, are written by their kernel before the replay.
 
     DecodeGraphs(model).capture()      at start: the GEMMs picked, then one graph per size, after an eager
                                        warm-up run of each
