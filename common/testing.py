@@ -18,6 +18,9 @@ engine's logits along the earlier run's tokens (teacher-forced):
      round unlike the generating one), so the runs part only because their logits differ.
 The bound grows with the measured difference, so the rule is only as strict as that difference is small: the
 caller asserts the logits tolerance (rel_l2 < 2e-2) first. tests/test_greedy_rule.py shows each rule failing.
+Where the generating runs computed their rows in other batch shapes than the teacher-forced logits (a run whose
+batch changes step by step), the caller measures how far the later engine's own logits move with the batch
+shape and passes that as `noise`: the bound is then 2 max(max |got − want|, noise).
 """
 from __future__ import annotations
 
@@ -45,23 +48,25 @@ def top1_margin(logits: np.ndarray) -> np.ndarray:
     return (top2[..., 1] - top2[..., 0]) / logits.std(axis=-1)
 
 
-def flip_bound(got_logits: np.ndarray, want_logits: np.ndarray) -> float:
+def flip_bound(got_logits: np.ndarray, want_logits: np.ndarray, noise: float = 0.0) -> float:
     """The largest top-1 margin the measured difference between two engines' logits can overturn: 2 max |Δ|
-    (the top token can fall by max |Δ| while the runner-up rises by as much)."""
-    return 2.0 * float(np.abs(got_logits - want_logits).max())
+    (the top token can fall by max |Δ| while the runner-up rises by as much), |Δ| at least `noise`."""
+    return 2.0 * max(float(np.abs(got_logits - want_logits).max()), noise)
 
 
-def decided_steps(got_logits: np.ndarray, want_logits: np.ndarray) -> np.ndarray:
+def decided_steps(got_logits: np.ndarray, want_logits: np.ndarray, noise: float = 0.0) -> np.ndarray:
     """(steps,) bool: where the earlier engine's top-1 margin exceeds the flip bound."""
     top2 = np.sort(want_logits, axis=-1)[..., -2:]
-    return (top2[..., 1] - top2[..., 0]) > flip_bound(got_logits, want_logits)
+    return (top2[..., 1] - top2[..., 0]) > flip_bound(got_logits, want_logits, noise)
 
 
-def check_greedy(got: list[int], want: list[int], got_logits: np.ndarray, want_logits: np.ndarray) -> int | None:
+def check_greedy(got: list[int], want: list[int], got_logits: np.ndarray, want_logits: np.ndarray,
+                 noise: float = 0.0) -> int | None:
     """Assert the greedy rule above; return the first step where `got` leaves `want` (None: equal throughout).
-    got_logits and want_logits are (len(want), V): each engine's logits along `want`'s tokens."""
+    got_logits and want_logits are (len(want), V): each engine's logits along `want`'s tokens; noise: how far the
+    later engine's logits move with the batch shape, where the runs' shapes were not the teacher-forced ones."""
     assert len(got_logits) == len(want_logits) == len(want), "logits must be given along want's tokens"
-    bound, decided = flip_bound(got_logits, want_logits), decided_steps(got_logits, want_logits)
+    bound, decided = flip_bound(got_logits, want_logits, noise), decided_steps(got_logits, want_logits, noise)
     top1 = got_logits.argmax(-1)
     bad = [i for i in np.flatnonzero(decided) if top1[i] != want[i]]
     assert not bad, (f"step {bad[0]}: top-1 {top1[bad[0]]} differs from the earlier run's token {want[bad[0]]} "
@@ -81,11 +86,12 @@ def check_greedy(got: list[int], want: list[int], got_logits: np.ndarray, want_l
     return step
 
 
-def agreement_line(got_logits: np.ndarray, want_logits: np.ndarray, step: int | None, n: int) -> str:
+def agreement_line(got_logits: np.ndarray, want_logits: np.ndarray, step: int | None, n: int,
+                   noise: float = 0.0) -> str:
     """The test's printout: equal tokens, decided steps, where the runs parted and how decided that was."""
-    decided = decided_steps(got_logits, want_logits)
+    decided = decided_steps(got_logits, want_logits, noise)
     part = "" if step is None else f"; parted at step {step}, margin {top1_margin(want_logits[step]):.3f} std"
-    bound = flip_bound(got_logits, want_logits)
+    bound = flip_bound(got_logits, want_logits, noise)
     return (f"equal for {n if step is None else step} of {n} tokens; {int(decided.sum())} of {len(decided)} steps "
             f"decided (flip bound {bound:.3g}, {bound / want_logits.std():.3f} std){part}; logits rel L2 "
             f"{rel_l2(got_logits, want_logits):.2e}, worst row {rel_l2_rows(got_logits, want_logits).max():.2e}")

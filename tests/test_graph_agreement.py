@@ -3,10 +3,14 @@ changes under them: 40 requests of mixed lengths arriving three a step into 8 se
 a pool of blocks small enough that sequences are preempted and recomputed. Each step's rows replay a graph of
 another size than the last (or run eagerly when a prompt chunk is in it), so a replay that read a stale input,
 a padding row that wrote somewhere, or a graph of the wrong size would part the runs. The GEMMs differ (padded M,
-and gemv.cu where it was picked), so top-1 must be equal at every decided step and the runs may part only where
-the measured logit error can flip the choice (common/testing.py)."""
+and gemv.cu where it was picked), and with asynchronous scheduling the batches differ step by step too (a stopped
+request holds its seq_slot a step longer), so top-1 must be equal at every decided step and the runs may part
+only where the logit error can flip the choice (common/testing.py): the error between the stages along the same
+tokens, or, where larger, how far stage08's own logits of a request move between decoding it alone and with all
+the others (the batch-shape noise its run saw)."""
 import importlib
 
+import numpy as np
 import pytest
 
 from common.testing import agreement_line, check_greedy, mixed_greedy_requests
@@ -34,12 +38,14 @@ def run(stage, folder, prompts, params):
     return got, engine.stats.preemptions
 
 
-def logits_along(stage, folder, outs):
+def logits_along(stage, folder, outs, alone=False):
     """Each output's logits along its own tokens, teacher-forced, on an engine with room for all at once (no
-    preemption: a recomputed sequence would sample its logits twice)."""
+    preemption: a recomputed sequence would sample its logits twice): all decoded together, or each alone."""
     engine = importlib.import_module(stage).Engine(folder, max_model_len=512, kv_cache_memory_bytes=2**28)
-    return engine.decode_logits([o.prompt_token_ids + o.token_ids[:-1] for o in outs],
-                                [len(o.prompt_token_ids) for o in outs])
+    seqs, n = [o.prompt_token_ids + o.token_ids[:-1] for o in outs], [len(o.prompt_token_ids) for o in outs]
+    if alone:
+        return [engine.decode_logits([s], [k])[0] for s, k in zip(seqs, n)]
+    return engine.decode_logits(seqs, n)
 
 
 @pytest.mark.parametrize("model", ["tiny_dir", "small_dir"])
@@ -55,10 +61,12 @@ def test_graphs_under_joins_aborts_and_preemption_give_stage07_s_tokens(model, r
     wanted = [want[i] for i in ids]
     want_logits = logits_along("stage07_paged_attention", folder, wanted)
     got_logits = logits_along("stage08_cuda_graphs", folder, wanted)
+    got_alone = logits_along("stage08_cuda_graphs", folder, wanted, alone=True)
     equal = 0
-    for i, gl, wl in zip(ids, got_logits, want_logits):
-        step = check_greedy(got[i].token_ids, want[i].token_ids, gl, wl)
+    for i, gl, wl, ga in zip(ids, got_logits, want_logits, got_alone):
+        noise = float(np.abs(ga - gl).max())
+        step = check_greedy(got[i].token_ids, want[i].token_ids, gl, wl, noise)
         equal += step is None
         if step is not None:
-            print(f"  request {i}: {agreement_line(gl, wl, step, len(want[i].token_ids))}")
+            print(f"  request {i}: {agreement_line(gl, wl, step, len(want[i].token_ids), noise)}")
     print(f"{model}: {preempted} preemptions in stage07; {equal} of {len(ids)} requests equal token for token")
