@@ -15,6 +15,7 @@ shapes, B and the rows' cache lengths:
     norms       x read (and written back, add_rms_norm), the sublayer's output read, h written
     rope        the q and k heads read and written, cos and sin read
     kv_write    k and v read, written into the cache
+    rope + kv_write   the two in one kernel (FUSED): their floors added
     attention   the queries read, every cached key and value of each row read, the output written (the
                 flash-decoding combine is part of it: its partials are traffic a perfect kernel would not make)
     silu_mul    gate and up read, the product written
@@ -22,8 +23,10 @@ shapes, B and the rows' cache lengths:
     sample      the logits read
 
 A step's figures: its wall time (host, through step()), the GPU's span (first kernel start to last kernel
-end), the kernels' busy time, and the sum of the floors. Medians over the steps. Writes
-<gpu>_<date>_profile-<stage>-b<B>[-eager]_<time>.json into --out.
+end), the kernels' busy time, and the sum of the floors; medians over the steps. An engine that can schedule
+asynchronously is profiled with async_scheduling=False, so that each step() call's window holds its own step's
+kernels and no other; its wall time is then the step without the overlap (the `latency` workload measures it
+with it). Writes <gpu>_<date>_profile-<stage>-b<B>[-eager]_<time>.json into --out.
 """
 from __future__ import annotations
 
@@ -41,10 +44,11 @@ from common.synthetic import resolve_model
 
 GEMMS = ("qkv", "o", "gate_up", "down")
 GROUP_OF = {"rms_norm": "norms", "add_rms_norm": "norms", "rope_inplace": "rope", "kv_write": "kv_write",
-            "attention_combine": "attention", "silu_mul": "silu_mul", "embedding_gather": "embedding",
-            "sample_tokens": "sample", "block_table_write": "block tables"}
-ORDER = ["embedding", "norms", "gemm qkv", "rope", "kv_write", "attention", "gemm o", "gemm gate_up", "silu_mul",
-         "gemm down", "gemm lm_head", "sample", "block tables"]
+            "rope_kv_write": "rope + kv_write", "attention_combine": "attention", "silu_mul": "silu_mul",
+            "embedding_gather": "embedding", "sample_tokens": "sample", "block_table_write": "block tables"}
+FUSED = {"rope + kv_write": ("rope", "kv_write")}   # one kernel doing the work of two groups: their floors added
+ORDER = ["embedding", "norms", "gemm qkv", "rope", "kv_write", "rope + kv_write", "attention", "gemm o",
+         "gemm gate_up", "silu_mul", "gemm down", "gemm lm_head", "sample", "block tables"]
 
 
 def group_of(name: str) -> str | None:
@@ -91,6 +95,8 @@ def floor_bytes(config, rows: int, keys: list[int]) -> dict[str, int]:
     out["embedding"] = 2 * rows * H * b * 2
     out["sample"] = rows * V * 4
     out["block tables"] = 0
+    for fused, parts in FUSED.items():
+        out[fused] = sum(out[p] for p in parts)
     return out
 
 
@@ -134,6 +140,8 @@ def profile(stage: str, batch: int, cache_length: int, steps: int, enforce_eager
         if "enforce_eager" not in inspect.signature(module.Engine).parameters:
             raise SystemExit(f"{stage} has no enforce_eager: it launches kernel by kernel already")
         kwargs["enforce_eager"] = True
+    if "async_scheduling" in inspect.signature(module.Engine).parameters:
+        kwargs["async_scheduling"] = False          # one step's kernels in each window (the docstring says why)
     engine = module.Engine(str(resolve_model("llama-3.2-1b")), **kwargs)
     config, gpu = engine.config, get_gpu()
     greedy = SamplingParams(max_tokens=steps + 64, temperature=0.0, ignore_eos=True)
@@ -178,7 +186,7 @@ def profile(stage: str, batch: int, cache_length: int, steps: int, enforce_eager
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "wall_us": med(r["wall_us"] for r in rows), "span_us": med(r["span_us"] for r in rows),
             "busy_us": med(r["busy_us"] for r in rows), "kernels_per_step": med(r["kernels"] for r in rows),
-            "floor_us": sum(floors.values()) / (bandwidth * 1e9) * 1e6,
+            "floor_us": sum(v for g, v in floors.items() if g not in FUSED) / (bandwidth * 1e9) * 1e6,
             "weights_floor_us": engine.checkpoint.total_bytes / (bandwidth * 1e9) * 1e6,
             "gemv_shapes": sorted(getattr(engine.model, "gemv_shapes", ())),   # (M, N, K) not through cuBLAS
             "groups": groups, "steps_detail": rows}
@@ -190,7 +198,7 @@ def format_profile(p: dict) -> str:
              f"{p['gpu']}, floors at {p['copy_gb_per_s']:.0f} GB/s",
              "| kernels | us a step (min-max) | floor us | x floor | GB/s |", "| --- | --- | --- | --- | --- |"]
     for g, v in p["groups"].items():
-        if v["us"] == 0 and v["bytes"] == 0:
+        if v["us"] == 0:                              # no kernel of it ran (its work fused into another's)
             continue
         ratio = f"{v['us'] / v['floor_us']:.1f}" if v["floor_us"] > 0.05 else "-"
         rate = f"{v['bytes'] / v['us'] / 1e3:,.0f}" if v["us"] else "-"

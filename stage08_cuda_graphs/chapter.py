@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from common.profile import ORDER
 from common.readme import RESULTS
 
 from .cache import MAX_NUM_SEQS
@@ -50,15 +51,16 @@ def decode_profile() -> str:
                   f"the copy bandwidth each run measured, {first['copy_gb_per_s']:,.0f} GB/s in the first):", "",
                   "| kernels | floor | " + " | ".join(_label(p) for p in mine) + " |",
                   "| --- | --- | " + " | ".join("---" for _ in mine) + " |"]
-        for group, floor in first["groups"].items():
-            if all(p["groups"][group]["us"] == 0 for p in mine):
+        for group in ORDER:                         # a run fusing two groups' kernels has the fused group instead
+            ran = [p["groups"][group] for p in mine if p["groups"].get(group, {}).get("us")]
+            if not ran:
                 continue
             cells = []
             for p in mine:
-                g = p["groups"][group]
-                ratio = f" ({g['us'] / g['floor_us']:.1f}x)" if g["floor_us"] >= 1 else ""
-                cells.append(f"{g['us']:.1f}{ratio}")
-            lines.append(f"| {group} | {floor['floor_us']:.1f} | " + " | ".join(cells) + " |")
+                g = p["groups"].get(group, {"us": 0.0})
+                ratio = f" ({g['us'] / g['floor_us']:.1f}x)" if g["us"] and g["floor_us"] >= 1 else ""
+                cells.append(f"{g['us']:.1f}{ratio}" if g["us"] else "-")
+            lines.append(f"| {group} | {ran[0]['floor_us']:.1f} | " + " | ".join(cells) + " |")
         for key, name in (("busy_us", "all kernels, busy"), ("span_us", "GPU span, first start to last end"),
                           ("wall_us", "the step's wall time, through step()")):
             floor = f"{first['floor_us']:.1f}" if key == "busy_us" else ""
