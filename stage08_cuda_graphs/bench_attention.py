@@ -6,6 +6,8 @@ sequence's blocks at shuffled places of the pool, block sizes 8, 16 (the default
   decode   B = 1 and 64 rows, each over 128, 1024 and 4096 cached positions: the kernel's GPU time per layer
            (the tensor-core kernel on one-row tiles, and the combine where decode_split() splits), against the
            time to read that K/V once at the measured copy bandwidth, the kernel's floor
+  split    B = 1 over 256 and 1024 cached positions, the keys cut into 1, 2, 4, 8 and 16 splits whatever
+           decode_split() would pick: where a batch-1 step's attention is fastest
   prefill  one prompt of 2048 and 8192 tokens, tiles of 16 rows: GPU time per layer and achieved
            TFLOP/s (4 hd flops per (query, key, head) pair under the causal mask: QK^T and PV)
 GPU time is from events around 20 launches queued while a spin kernel holds the GPU (common.measure's
@@ -73,13 +75,32 @@ def test_decode_attention(benchmark, kernels, B, keys, block_size):
     _, decode = plan_attention(np.stack([rows, rows * 0 + 1, rows, rows * 0 + keys - 1], 1), tile_rows(NH, NKV, HD))
     tiles = gpu.to_device(decode)
     n_splits, per_split = decode_split(B, keys, NKV, kernels.sms, 4 * 256)   # the model's partials for 256 seqs
+    decode_timed(benchmark, kernels, qkv, (k_cache, v_cache, tables), out, tiles, B, keys, n_splits, per_split)
+    benchmark.extra_info.update(block_size=block_size)
+
+
+@pytest.mark.parametrize("keys", [256, 1024])
+@pytest.mark.parametrize("n_splits", [1, 2, 4, 8, 16])
+def test_decode_split(benchmark, kernels, keys, n_splits):
+    gpu, rng = kernels.gpu, np.random.default_rng(0)
+    qkv = random_bf16(gpu, (1, (NH + 2 * NKV) * HD), rng)
+    out = gpu.empty((1, NH * HD), "bf16")
+    _, decode = plan_attention(np.array([[0, 1, 0, keys - 1]], np.int32), tile_rows(NH, NKV, HD))
+    per_split = 32 * -(-keys // (32 * n_splits))                     # whole 32-key tiles, as decode_split()
+    decode_timed(benchmark, kernels, qkv, paged(gpu, rng, 1, keys, 16), out, gpu.to_device(decode), 1, keys,
+                 -(-keys // per_split), per_split)
+
+
+def decode_timed(benchmark, kernels, qkv, cache, out, tiles, B, keys, n_splits, per_split):
+    """Time the decode rows' attention (and combine) at the given split; the figures into extra_info."""
+    gpu, (k_cache, v_cache, tables) = kernels.gpu, cache
     partial = gpu.empty((B * n_splits * NH * (HD + 2),), "f32")
-    per_split = gpu.to_device(np.array([per_split], np.int32))      # the kernels read it from the device
+    split_keys = gpu.to_device(np.array([per_split], np.int32))     # the kernels read it from the device
     ms = timed(benchmark, gpu, lambda: kernels.attention(qkv, k_cache, v_cache, out, partial, tiles, tables, NH,
-                                                         NKV, HD, n_splits, per_split))
+                                                         NKV, HD, n_splits, split_keys))
     kv_bytes = 2 * B * keys * NKV * HD * 2
     floor_ms = kv_bytes / (gpu.copy_bandwidth_gbps() * 1e9) * 1e3
-    benchmark.extra_info.update(block_size=block_size, batch_size=B, cached_positions=keys, n_splits=n_splits,
+    benchmark.extra_info.update(batch_size=B, cached_positions=keys, n_splits=n_splits,
                                 us_per_layer=round(1e3 * ms, 2),
                                 floor_us=round(1e3 * floor_ms, 2), times_floor=round(ms / floor_ms, 2),
                                 achieved_gb_per_s=round(kv_bytes / ms / 1e6, 1))

@@ -8,9 +8,11 @@
   step     one decode step of B = 1, 64, 256 running sequences at cache length 256: its wall time through
            step(), the GPU's time alone and the host's time to queue it, launched kernel by kernel and as the
            graph's replay (with its inputs' packing and copy), and the loop's own host time (schedule, pack,
-           record, detokenise), during which the GPU waits
+           record, detokenise), during which the GPU waits; and the wall time of the same steps without
+           asynchronous scheduling (wall_sync_ms), the host's planning then between the GPU's steps
 """
 import statistics
+import time
 
 import numpy as np
 import pytest
@@ -69,9 +71,25 @@ def test_decode_step_split(benchmark, engine, B):
     time), then the GPU/host split of the same packed step queued again and again."""
     rng = np.random.default_rng(B)
     greedy = SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True)
-    ids = [engine.add_request(rng.integers(0, 128000, 256).tolist(), greedy) for _ in range(B)]
-    while any(s.prefilling for s in engine.llm.scheduler.running) or engine.llm.scheduler.waiting:
+    prompts = [rng.integers(0, 128000, 256).tolist() for _ in range(B)]
+
+    def decoding():
+        ids = [engine.add_request(p, greedy) for p in prompts]
+        while any(s.prefilling for s in engine.llm.scheduler.running) or engine.llm.scheduler.waiting:
+            engine.step()
+        return ids
+
+    engine.llm.async_scheduling = False              # idle between tests: no step in flight to record
+    ids = decoding()
+    sync_walls = []
+    for i in range(23):
+        t = time.perf_counter()
         engine.step()
+        sync_walls.append(time.perf_counter() - t)
+    for rid in ids:
+        engine.abort_request(rid)
+    engine.llm.async_scheduling = True               # the engine's default
+    ids = decoding()
     engine.llm.scheduler.stats.host_s.clear()
     benchmark.pedantic(engine.step, rounds=20, warmup_rounds=3)
     host_loop_ms = 1e3 * statistics.median(engine.llm.scheduler.stats.host_s)
@@ -88,9 +106,12 @@ def test_decode_step_split(benchmark, engine, B):
     replay = gpu_and_host_ms(engine.gpu, lambda: engine.graphs.launch(x))
     for rid in ids:
         engine.abort_request(rid)
+    while engine.has_unfinished_requests():          # the step in flight, recorded for nothing
+        engine.step()
     wall = 1e3 * benchmark.stats.stats.median
     floor = engine.checkpoint.total_bytes / (engine.gpu.copy_bandwidth_gbps() * 1e9) * 1e3
     record(benchmark, batch_size=B, cache_length=256, wall_ms=wall, gpu_ms=split["gpu_ms"],
            host_queue_ms=split["host_queue_ms"], graph_gpu_ms=replay["gpu_ms"],
            graph_host_queue_ms=replay["host_queue_ms"], host_loop_ms=host_loop_ms, tok_per_s=B / wall * 1e3,
+           wall_sync_ms=1e3 * statistics.median(sync_walls[3:]),
            bandwidth_floor_ms=floor)

@@ -2,7 +2,7 @@
 list, and a block table per sequence.
 
     the pool       num_blocks blocks of block_size token positions each; block b holds cache slots
-                   b * block_size .. b * block_size + block_size - 1 (the slot mapping, kv_write.cu)
+                   b * block_size .. b * block_size + block_size - 1 (the slot mapping, rope_kv_write.cu)
     a block table  seq.block_table[i] = the block holding the sequence's positions i * block_size ..
                    (i + 1) * block_size - 1; position p lives in slot
                        block_table[p // block_size] * block_size + p % block_size

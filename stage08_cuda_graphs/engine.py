@@ -12,7 +12,8 @@ sequences grow (block_manager.py); the scheduler admits by blocks and preempts w
 sized from the GPU memory left once the weights and the activations are allocated (measured), as vLLM sizes it
 after its profile run, or from num_gpu_blocks / kv_cache_memory_bytes when given.
 Decode steps replay CUDA graphs captured at start, one per batch size of a ladder (graphs.py); enforce_eager
-(vLLM's name) turns them off. The loop is llm_engine.py; the GPU under it is runner.py over model.py.
+(vLLM's name) turns them off. The host plans each step while the GPU runs the one before (async_scheduling,
+llm_engine.py). The loop is llm_engine.py; the GPU under it is runner.py over model.py.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from .block_manager import BlockManager, blocks_for
 from .cache import BLOCK_SIZE, MAX_NUM_SEQS, check_block_size, check_count, kv_cache_bytes, plan_num_blocks
 from .graphs import DecodeGraphs
 from .kernels import Kernels
-from .llm_engine import LLMEngine
+from .llm_engine import LLMEngine, Ready
 from .model import Model
 from .packing import StepInputs
 from .runner import GpuRunner
@@ -49,7 +50,8 @@ class Engine:
     def __init__(self, model: str, max_model_len: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = BLOCK_SIZE, num_gpu_blocks: int | None = None,
-                 kv_cache_memory_bytes: int | None = None, enforce_eager: bool = False, progress: bool = False):
+                 kv_cache_memory_bytes: int | None = None, enforce_eager: bool = False,
+                 async_scheduling: bool = True, progress: bool = False):
         self.folder = resolve_model(model)
         self.checkpoint = Checkpoint(self.folder)          # every validation error is raised here, before the GPU
         self.config = self.checkpoint.config
@@ -82,12 +84,13 @@ class Engine:
             print(f"cuda graphs {len(self.graphs.sizes)} decode batch sizes {self.graphs.sizes[0]}.."
                   f"{self.graphs.sizes[-1]} captured in {self.graphs.capture_s:.2f} s, "
                   f"{self.graphs.graph_bytes / 2**20:.1f} MiB", file=sys.stderr)
-            won = [f"{name} M={m} ({blas:.1f} -> {mine:.1f} us)" for (name, m), (blas, mine)
-                   in self.graphs.gemm_us.items() if (m, *self.model.layers[0][name].shape) in self.model.gemv_shapes]
+            won = [f"{name} M={m} ({blas:.1f} -> {mine:.1f} us, {split} warps a column)"
+                   for (name, m), (blas, mine, split) in self.graphs.gemm_us.items()
+                   if (m, *self.model.layers[0][name].shape) in self.model.gemv_shapes]
             print(f"gemv       in place of cuBLAS for {len(won)} of {len(self.graphs.gemm_us)} (GEMM, rows): "
                   f"{', '.join(won) or 'none'}", file=sys.stderr)
         self.llm = LLMEngine(GpuRunner(self.model, self.graphs), self.prompts, B, tokens,
-                             BlockManager(num_blocks, bs))
+                             BlockManager(num_blocks, bs), async_scheduling)
 
     # ------------------------------------------------------------------ the step API (llm_engine.py)
     def add_request(self, prompt, params: SamplingParams, request_id=None, detokenize: bool = True):
@@ -203,7 +206,7 @@ class _TeacherForced(GpuRunner):
     def admit(self, seq) -> None:
         pass                                        # nothing is sampled
 
-    def run(self, x: StepInputs) -> np.ndarray:
+    def launch(self, x: StepInputs) -> Ready:
         self.model.forward(x)
         n = len(x.logit_rows)
         logits = self.model.gpu.to_host(self.model.row_view(self.model.logits, 0, n)) if n else []
@@ -214,7 +217,7 @@ class _TeacherForced(GpuRunner):
             self.logits[s.request_id].append(row)
             given = self.sequences[s.request_id]
             chosen.append(given[s.length] if s.length < len(given) else 0)
-        return np.array(chosen, np.int32)
+        return Ready(np.array(chosen, np.int32))
 
 
 def _table_entries(table: np.ndarray) -> np.ndarray:

@@ -10,23 +10,24 @@ grids and their arguments (pointers and scalars) are the captured ones. So:
     one transfer, into a layout fixed per batch size (decode_layout); the block tables and the sampling
     parameters already live on the GPU, by seq_slot;
   - shapes are fixed, so a graph is captured for each of a ladder of batch sizes (CAPTURE_SIZES, vLLM's) and a
-    step of R rows replays the smallest that holds them, padded with rows that write nowhere: slot -1 (kv_write
+    step of R rows replays the smallest that holds them, padded with rows that write nowhere: slot -1 (the cache write
     skips it), attending to position 0 of seq_slot 0's table (a read of a block in the pool), their logits and
     samples in rows nobody reads;
   - the decode split's grid is the most blocks any step of that size may use (its keys at max_model_len); each
     step's keys per split is an input, and the blocks past a row's keys return at once.
 
 Before capture, each layer GEMM is timed at each captured size up to 8 rows, cuBLAS against gemv.cu (a kernel that
-only streams the weights), from graphs of all the layers' GEMMs of that shape (so the weights come from HBM, not
-L2, and no launch gap is timed); gemv.cu is captured where it takes at most GEMV_GAIN of cuBLAS's time
-(pick_gemms).
+only streams the weights) with 1, 2, 4 and 8 warps a column, from graphs of all the layers' GEMMs of that shape (so
+the weights come from HBM, not L2, and no launch gap is timed); gemv.cu's fastest is captured where it takes at
+most GEMV_GAIN of cuBLAS's time (pick_gemms).
 
 Only steps of decode rows replay; a step with a prompt chunk runs eagerly (its shapes vary with the chunk), as
 vLLM's first engine did. Block-table updates, which vary in number, are written by their kernel before the replay.
 
     DecodeGraphs(model).capture()      at start: the GEMMs picked, then one graph per size, after an eager
                                        warm-up run of each
-    run(step) -> sampled ids | None    None: not a decode step the graphs hold (the caller runs it eagerly)
+    launch(step) -> size | None        the step queued (its inputs' copy, its block-table updates, the replay);
+                                       None: not a decode step the graphs hold (the caller runs it eagerly)
 """
 from __future__ import annotations
 
@@ -36,12 +37,13 @@ import numpy as np
 
 from common.device import PinnedBuffer
 
-from .kernels import GEMV_MAX_ROWS, decode_split
+from .kernels import GEMV_MAX_ROWS, GEMV_SPLITS, decode_split
 from .packing import StepInputs
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FIELDS = (("tokens", 1, 0), ("positions", 1, 0), ("slot_mapping", 1, -1), ("logit_rows", 1, None),
-          ("logit_seq_slots", 1, 0), ("counters", 1, 0), ("tiles", 4, None))   # (name, ints a row, padding)
+          ("logit_seq_slots", 1, 0), ("counters", 1, 0), ("prev_rows", 1, -1),
+          ("tiles", 4, None))                                                  # (name, ints a row, padding)
 
 
 GEMV_GAIN = 0.9         # gemv.cu replaces cuBLAS only where it takes at most 0.9 of cuBLAS's time: a near tie
@@ -65,12 +67,13 @@ def gpu_us(gpu, work, repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def pick_gemms(model, rows: list[int]) -> dict[tuple[str, int], tuple[float, float]]:
+def pick_gemms(model, rows: list[int]) -> dict[tuple[str, int], tuple[float, float, int]]:
     """For each layer GEMM (qkv, o, gate_up, down) and each M in `rows` up to GEMV_MAX_ROWS: the GPU time of
-    one, through cuBLAS and through gemv.cu, each the mean over every layer's weights of that name (a pass over
-    them all: the weights stream from HBM as in a step). Where gemv.cu takes at most GEMV_GAIN of cuBLAS's time,
-    model.gemv_shapes takes its (M, N, K) and model.linear() uses it from then on. Returns (name, M) -> (cuBLAS
-    us, gemv us)."""
+    one, through cuBLAS and through gemv.cu at each of GEMV_SPLITS warps a column (those that give every lane a
+    load), each the mean over every layer's weights of that name (a pass over them all: the weights stream from
+    HBM as in a step). Where gemv.cu's fastest takes at most GEMV_GAIN of cuBLAS's time, model.gemv_shapes maps
+    its (M, N, K) to that split and model.linear() uses it from then on. Returns (name, M) -> (cuBLAS us, gemv
+    us, its warps a column)."""
     times = {}
     for name, (src, dst) in GEMM_BUFFERS.items():
         weights = [layer[name] for layer in model.layers]
@@ -81,10 +84,11 @@ def pick_gemms(model, rows: list[int]) -> dict[tuple[str, int], tuple[float, flo
             x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
             model.gpu.fill_bytes(x, 0)
             blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, w, y) for w in weights]) / L
-            mine = gpu_us(model.gpu, lambda: [model.kernels.gemv(x, w, y) for w in weights]) / L
-            times[(name, m)] = (blas, mine)
+            mine, split = min((gpu_us(model.gpu, lambda: [model.kernels.gemv(x, w, y, s) for w in weights]) / L, s)
+                              for s in GEMV_SPLITS if s == 1 or K >= 8 * 32 * s)
+            times[(name, m)] = (blas, mine, split)
             if mine <= GEMV_GAIN * blas:
-                model.gemv_shapes.add((m, N, K))
+                model.gemv_shapes[(m, N, K)] = split
     return times
 
 
@@ -119,12 +123,14 @@ def is_decode_step(step: StepInputs) -> bool:
 def pack_decode(step: StepInputs, size: int, keys_per_split: int) -> np.ndarray:
     """A decode step's inputs in decode_layout(size), padded to `size` rows, then its block-table updates:
     one int32 array, one copy. Padding rows: token 0, position 0, slot -1 (nothing written), their own logit
-    row, seq_slot 0, counter 0, and a one-row tile of seq_slot 0 at position 0."""
+    row, seq_slot 0, counter 0, its token not the step before's (prev_rows -1), and a one-row tile of seq_slot 0
+    at position 0."""
     R, rows = step.num_rows, np.arange(size, dtype=np.int32)
     pad_tiles = np.stack([rows, np.ones_like(rows), np.zeros_like(rows), np.zeros_like(rows)], 1)
     pad_tiles[:R] = step.chunks                       # a decode row's chunk is its tile: row, 1, seq_slot, position
     real = {"tokens": step.tokens, "positions": step.positions, "slot_mapping": step.slot_mapping,
-            "logit_rows": None, "logit_seq_slots": step.logit_seq_slots, "counters": step.counters}
+            "logit_rows": None, "logit_seq_slots": step.logit_seq_slots, "counters": step.counters,
+            "prev_rows": step.prev_rows if step.prev_rows is not None else -1}
     parts = []
     for name, width, pad in FIELDS:
         if name == "logit_rows":
@@ -152,7 +158,6 @@ class DecodeGraphs:
         self._pinned = [PinnedBuffer(4 * most), PinnedBuffer(4 * most)]   # two: one fills while one is read
         self._copied = [None, None]                      # the event after each one's last copy
         self._turn = 0
-        self._ids = PinnedBuffer(4 * max(self.sizes))
         self.capture_s, self.graph_bytes = 0.0, 0
         self.gemm_us: dict[tuple[str, int], tuple[float, float]] = {}
 
@@ -164,7 +169,7 @@ class DecodeGraphs:
                 for (name, width, _), (first, count) in zip(FIELDS, layout.values())}
         split = (self.n_splits[size], at(4 * layout["keys_per_split"][0], (1,)))
         inputs = (view["tokens"], view["positions"], view["slot_mapping"], view["logit_rows"], None, view["tiles"],
-                  split, None)
+                  split, None, view["prev_rows"])
         return inputs, view["logit_seq_slots"], view["counters"]
 
     def body(self, size: int) -> None:
@@ -228,13 +233,3 @@ class DecodeGraphs:
         else:
             self.body(size)
         return size
-
-    def run(self, step: StepInputs) -> np.ndarray | None:
-        """launch() the step and read its sampled ids back with one asynchronous copy and one wait; None where
-        launch() takes no step."""
-        if self.launch(step) is None:
-            return None
-        R = step.num_rows
-        self.gpu.copy_to_host_async(self._ids.ptr, self.model.next_ids.ptr, 4 * R)
-        self.gpu.sync()
-        return self._ids.array[: 4 * R].view(np.int32).copy()

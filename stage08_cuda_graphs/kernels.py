@@ -21,11 +21,14 @@ ATTENTION_MAX_GROUP = 32  # attention_rows.cu's WARPS * MAX_HEADS_PER_WARP: quer
 TILE_M = 64              # attention_tiles.cu's TILE_M: (query row, query head) pairs a block
 TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take every row through attention_rows.cu
 MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over
-MIN_KEYS_PER_SPLIT = 128  # two 64-key tiles, the K/V pipeline's depth; below it a split's fixed cost dominates
+MIN_KEYS_PER_SPLIT = 64   # one 64-key tile a split: at batch 1 over 256 keys, 4 splits took 6.5 us a layer
+#                          against 7.7 for 2 and 7.3 for 1 (bench_attention.py's test_decode_split, H200)
 SPLIT_TARGET_BLOCKS_PER_SM = 4
 GEMV_MAX_ROWS = 8        # gemv.cu's instantiations: M = 1..8
 GEMV_WARPS = 8           # its warps a block: 8 / split output columns, split warps each
-GEMV_KEYS_PER_WARP = 2048   # a column's row of K weights gets a warp per 2048 of them (1, 2, 4 or 8 warps)
+GEMV_KEYS_PER_WARP = 2048   # a column's row of K weights gets a warp per 2048 of them (1, 2, 4 or 8 warps),
+#                             unless the caller picks the warps a column (graphs.pick_gemms times each)
+GEMV_SPLITS = (1, 2, 4, 8)    # warps a column: they share a block's 8 warps
 
 
 def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
@@ -53,6 +56,11 @@ def _expect(what: str, ok: bool, *arrays: DeviceArray) -> None:
         raise ValueError(f"{what}: unexpected arguments {shapes}")
 
 
+def _arg(a: DeviceArray | None) -> np.uint64:
+    """A kernel's pointer argument; None is the null pointer (an optional input)."""
+    return np.uint64(0) if a is None else a.arg
+
+
 class Kernels:
     def __init__(self, gpu: Gpu):
         self.gpu = gpu
@@ -64,13 +72,12 @@ class Kernels:
         self._embedding, = load("embedding.cu", "embedding_gather")
         self._checksum, = load("checksum.cu", "checksum_u16")
         self._rms_norm, self._add_rms_norm = load("rmsnorm.cu", "rms_norm", "add_rms_norm")
-        self._rope, = load("rope.cu", "rope_inplace")
         self._silu_mul, = load("silu_mul.cu", "silu_mul")
         self._attention_rows, self._attention_combine = load("attention_rows.cu", "attention_rows",
                                                              "attention_combine")
         self._attention_tiles = dict(zip(TENSOR_CORE_HEAD_DIMS, load(
             "attention_tiles.cu", *(f"attention_tiles_hd{hd}" for hd in TENSOR_CORE_HEAD_DIMS))))
-        self._kv_write, = load("kv_write.cu", "kv_write")
+        self._rope_kv_write, = load("rope_kv_write.cu", "rope_kv_write")
         self._block_table_write, = load("block_table.cu", "block_table_write")
         self._sample, = load("sampling.cu", "sample_tokens")
         self._gemv = load("gemv.cu", *(f"gemv_m{m}" for m in range(1, GEMV_MAX_ROWS + 1)))
@@ -88,13 +95,18 @@ class Kernels:
                                                                                   shmem_size=shmem_size)
         return config
 
-    def embedding(self, ids: DeviceArray, table: DeviceArray, out: DeviceArray) -> None:
-        """out[t] = table[ids[t]].   ids (T,) i32, table (V, H) bf16, out (T, H) bf16. ids must be < V."""
+    def embedding(self, ids: DeviceArray, table: DeviceArray, out: DeviceArray, prev_rows: DeviceArray | None = None,
+                  prev_ids: DeviceArray | None = None) -> None:
+        """out[t] = table[ids[t]], or table[prev_ids[prev_rows[t]]] where prev_rows is given and >= 0.
+        ids, prev_rows (T,) i32, prev_ids (n,) i32, table (V, H) bf16, out (T, H) bf16. ids must be < V, and
+        prev_rows < n."""
         (T,), (V, H) = ids.shape, table.shape
         _expect("embedding", ids.dtype == "i32" and table.dtype == out.dtype == "bf16" and out.shape == (T, H)
-                and H % 8 == 0, ids, table, out)
+                and H % 8 == 0 and (prev_rows is None or (prev_rows.shape == (T,) and prev_rows.dtype == "i32"
+                                                          and prev_ids is not None and prev_ids.dtype == "i32")),
+                ids, table, out)
         self.gpu.launch(self._embedding, self._config("embedding", (T, -(-H // (8 * THREADS))), THREADS),
-                        ids.arg, table.arg, out.arg, np.int32(H))
+                        ids.arg, _arg(prev_rows), _arg(prev_ids), table.arg, out.arg, np.int32(H))
 
     def checksum(self, words: DeviceArray, out: DeviceArray) -> None:
         """out[0] += sum_i (w_i + 1)(2i + 1) mod 2^64 over the array's 16-bit words (zero out first)."""
@@ -118,17 +130,6 @@ class Kernels:
         self.gpu.launch(self._add_rms_norm, self._config("norm", T, THREADS), x.arg, d.arg, w.arg, y.arg,
                         np.int32(H), np.float32(eps))
 
-    def rope(self, qkv: DeviceArray, cos: DeviceArray, sin: DeviceArray, positions: DeviceArray, n_heads: int,
-             head_dim: int) -> None:
-        """Rotate the first n_heads heads of each qkv row (T, row_stride) bf16 by its position positions[t]
-        (T,) i32, each < max_len. cos, sin (max_len, hd/2) f32."""
-        T, stride = qkv.shape
-        _expect("rope", qkv.dtype == "bf16" and cos.dtype == sin.dtype == "f32" and cos.shape == sin.shape
-                and cos.shape[1] == head_dim // 2 and positions.shape == (T,) and positions.dtype == "i32"
-                and n_heads * head_dim <= stride, qkv, cos, sin, positions)
-        self.gpu.launch(self._rope, self._config("rope", T, THREADS), qkv.arg, cos.arg, sin.arg, positions.arg,
-                        np.int32(n_heads), np.int32(head_dim), np.int32(stride))
-
     def silu_mul(self, gate_up: DeviceArray, act: DeviceArray) -> None:
         """act = silu(gate) * up.   gate_up (T, 2I) bf16 rows [gate | up], act (T, I) bf16, I even."""
         T, I2 = gate_up.shape
@@ -137,19 +138,27 @@ class Kernels:
         self.gpu.launch(self._silu_mul, self._config("silu", (-(-I2 // (4 * THREADS)), T), THREADS),
                         gate_up.arg, act.arg, np.int32(I2 // 2))
 
-    def kv_write(self, qkv: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, slot_mapping: DeviceArray,
-                 n_heads: int, n_kv_heads: int, head_dim: int) -> None:
-        """K[slot_mapping[t]], V[slot_mapping[t]] = the k and v heads of qkv row t, skipping -1.
-        qkv (T, stride) bf16 [q | k | v], slot_mapping (T,) i32 (slots < num_blocks * BS), caches
-        (num_blocks, BS, nkv, hd) bf16."""
+    def rope_kv_write(self, qkv: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, slot_mapping: DeviceArray,
+                      n_heads: int, n_kv_heads: int, head_dim: int, rope: tuple | None = None) -> None:
+        """With rope = (cos, sin, positions): rotate the q and k heads of each qkv row t by its position
+        positions[t] (T,) i32, each < max_len; cos, sin (max_len, hd/2) f32. Then K[slot_mapping[t]],
+        V[slot_mapping[t]] = the k and v heads of row t, skipping -1. qkv (T, stride) bf16 [q | k | v],
+        slot_mapping (T,) i32 (slots < num_blocks * BS), caches (num_blocks, BS, nkv, hd) bf16. rope None: the
+        cache write alone."""
         T, stride = qkv.shape
-        _expect("kv_write", qkv.dtype == k_cache.dtype == v_cache.dtype == "bf16" and len(k_cache.shape) == 4
+        cos, sin, positions = rope or (None, None, None)
+        _expect("rope_kv_write", qkv.dtype == k_cache.dtype == v_cache.dtype == "bf16" and len(k_cache.shape) == 4
                 and k_cache.shape == v_cache.shape and k_cache.shape[2:] == (n_kv_heads, head_dim)
                 and slot_mapping.shape == (T,) and slot_mapping.dtype == "i32"
-                and stride >= (n_heads + 2 * n_kv_heads) * head_dim and head_dim % 2 == 0,
+                and stride >= (n_heads + 2 * n_kv_heads) * head_dim and head_dim % 2 == 0
+                and (rope is None or (cos.dtype == sin.dtype == "f32" and cos.shape == sin.shape
+                                      and cos.shape[1] == head_dim // 2 and positions.shape == (T,)
+                                      and positions.dtype == "i32")),
                 qkv, k_cache, v_cache, slot_mapping)
-        self.gpu.launch(self._kv_write, self._config("kv_write", T, THREADS), qkv.arg, k_cache.arg, v_cache.arg,
-                        slot_mapping.arg, np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(stride))
+        pairs = (n_heads + 2 * n_kv_heads) * head_dim // 2
+        self.gpu.launch(self._rope_kv_write, self._config("rope_kv_write", (T, -(-pairs // THREADS)), THREADS),
+                        qkv.arg, k_cache.arg, v_cache.arg, slot_mapping.arg, _arg(cos), _arg(sin), _arg(positions),
+                        np.int32(n_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(stride))
 
     def block_table_write(self, block_tables: DeviceArray, updates: DeviceArray) -> None:
         """block_tables.flat[updates[i, 0]] = updates[i, 1].   block_tables (B, W) i32, updates (n, 2) i32 with
@@ -209,15 +218,19 @@ class Kernels:
                             partial.arg, out.arg, tiles.arg, *map(np.int32, (n_heads, head_dim, n_splits)),
                             split_keys)
 
-    def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray) -> None:
+    def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, split: int | None = None) -> None:
         """y = x @ w^T for a few rows, streaming the weights (gemv.cu).   x (M, K) bf16 with M <= GEMV_MAX_ROWS,
-        w (N, K) bf16, y (M, N) bf16; K a multiple of 8 and x, w 16-byte aligned (its loads are 16 bytes)."""
+        w (N, K) bf16, y (M, N) bf16; K a multiple of 8 and x, w 16-byte aligned (its loads are 16 bytes).
+        split: the warps each output column's row of weights is shared by (GEMV_SPLITS); None: one per
+        GEMV_KEYS_PER_WARP weights."""
         (M, K), (N, K_w) = x.shape, w.shape
         _expect("gemv", x.dtype == w.dtype == y.dtype == "bf16" and K == K_w and y.shape == (M, N)
-                and 1 <= M <= GEMV_MAX_ROWS and K % 8 == 0 and x.ptr % 16 == 0 and w.ptr % 16 == 0, x, w, y)
-        split = 1
-        while split < GEMV_WARPS and K >= 2 * split * GEMV_KEYS_PER_WARP:
-            split *= 2
+                and 1 <= M <= GEMV_MAX_ROWS and K % 8 == 0 and x.ptr % 16 == 0 and w.ptr % 16 == 0
+                and split in (None, *GEMV_SPLITS), x, w, y)
+        if split is None:
+            split = 1
+            while split < GEMV_WARPS and K >= 2 * split * GEMV_KEYS_PER_WARP:
+                split *= 2
         self.gpu.launch(self._gemv[M - 1], self._config("gemv", -(-N // (GEMV_WARPS // split)), 32 * GEMV_WARPS),
                         w.arg, x.arg, y.arg, np.int32(N), np.int32(K), np.int32(split))
 

@@ -8,9 +8,24 @@
     generate(prompts, params) / stream(prompt, params)      built on the four above
 
 The loop knows nothing of the GPU: a runner does the forward (`runner.admit(seq)` writes a newly admitted
-sequence's sampling parameters into its seq_slot; `runner.run(step_inputs)` runs the packed rows and returns the
-sampled token of every logit row). The GPU runner is the model; tests/test_llm_engine_cpu.py drives this loop with
-a numpy runner on the CPU.
+sequence's sampling parameters into its seq_slot; `runner.launch(step_inputs)` queues the packed rows and returns
+a handle whose result() is the sampled token of every logit row). The GPU runner is the model;
+tests/test_llm_engine_cpu.py drives this loop with a numpy runner on the CPU.
+
+Asynchronous scheduling (async_scheduling=True, vLLM's name): a step plans, packs and launches step t+1, then
+reads step t's ids back and records them, so the host's work overlaps the GPU's instead of following it:
+
+    sync:   schedule(t) pack launch(t) advance(t) wait-ids(t) record(t) | schedule(t+1) ...   the GPU idle
+                                                                                              from record(t)
+    async:  advance(t) schedule(t+1) pack launch(t+1) wait-ids(t) record(t) | advance(t+1) ...  to launch(t+1)
+
+advance() gives each sequence of the launched step a placeholder token (scheduler.py) that names where its id
+will be on the GPU; the next step's row reads it there (packing.StepInputs.prev_rows). step() returns the
+outputs of step t, so every output comes one step later than the forward that chose it; between two calls no
+sequence holds a placeholder. The price: a sequence that stops on a stop token at step t has had a row of
+step t+1 computed for nothing (one that stops by length is never given that row), and every stopped sequence
+frees its seq_slot and blocks at record(t), after step t+1 was planned, so a waiting request takes them a step
+later.
 """
 from __future__ import annotations
 
@@ -40,13 +55,25 @@ class Report(enum.Enum):
 FINAL_ONLY, TOKEN_IDS = Report.FINAL_ONLY, Report.TOKEN_IDS
 
 
+class Ready:
+    """A step's sampled ids already on the host: the result() of a runner whose launch() waits."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def result(self):
+        return self.ids
+
+
 class LLMEngine:
     def __init__(self, runner, prompts: PromptPreparer, max_num_seqs: int, max_num_batched_tokens: int,
-                 blocks: BlockManager):
+                 blocks: BlockManager, async_scheduling: bool = False):
         self.runner, self.prompts, self.tokenizer = runner, prompts, prompts.tokenizer
         self.max_model_len = prompts.max_model_len
         self.blocks = blocks
-        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, blocks)
+        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, blocks, self.max_model_len)
+        self.async_scheduling = async_scheduling
+        self._in_flight = None         # async: the step launched and not yet recorded, (plan, its sampled ids)
         self._auto_ids = itertools.count()
         self._live: dict = {}          # request id -> how step() reports it: its text stream (a DetokenizeStream),
         #                                FINAL_ONLY, or TOKEN_IDS (no text: the caller detokenises)
@@ -88,7 +115,9 @@ class LLMEngine:
             del self._live[request_id]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Requests waiting or running, or a step still to record (its requests may have stopped, but step()
+        must read its ids back before the engine is idle)."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def num_requests(self) -> tuple[int, int]:
         """(running, waiting): running requests hold a seq_slot each."""
@@ -100,18 +129,40 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        if self._in_flight is not None:            # async: the step launched by the last call, not yet recorded
+            self.scheduler.advance(self._in_flight[0])   # placeholders, for schedule() to plan the rows after
         plan = self.scheduler.schedule()
-        if not plan.chunks:
-            return []
-        for c in plan.chunks:
-            if c.start == 0:                       # its first chunk: (re)admitted in this schedule()
-                self.runner.admit(c.seq)
-        x = pack(plan, self.max_model_len, self.blocks.block_size)
+        launched = None
+        if plan.chunks:
+            for c in plan.chunks:
+                if c.start == 0:                   # its first chunk: (re)admitted in this schedule()
+                    self.runner.admit(c.seq)
+            launched = (plan, self.runner.launch(pack(plan, self.max_model_len, self.blocks.block_size)))
+        if self.async_scheduling:                  # record the step before while this one runs
+            done, self._in_flight = self._in_flight, launched
+        elif launched:
+            done = launched
+            self.scheduler.advance(plan)
+        else:
+            done = None
         t1 = time.perf_counter()
-        sampled = self.runner.run(x)               # returns when the GPU is done
+        sampled = done[1].result() if done else None   # returns when the GPU is done with that step
         t2 = time.perf_counter()
+        outs = self._record(done[0], sampled) if done else []
+        if self._in_flight is not None and not self.scheduler.has_unfinished():
+            self._in_flight[1].result()            # every row of it is of stopped requests: nothing to record
+            self._in_flight = None
+        # the host's share of the step: the GPU sits idle while it plans, packs, records and detokenises (with
+        # async scheduling, only while the GPU has no step queued behind the one being waited for)
+        if done or launched:
+            self.scheduler.stats.host_s.append(time.perf_counter() - t2 + t1 - t0)
+            self.scheduler.stats.forward_s.append(t2 - t1)
+        return outs
+
+    def _record(self, plan, sampled) -> list[RequestOutput]:
+        """Record a step's sampled ids and build its outputs."""
         outs = []
-        for seq in self.scheduler.update(plan, sampled, self._finish_reason):
+        for seq in self.scheduler.record(plan, sampled, self._finish_reason):
             text = self._live[seq.request_id]
             if text is TOKEN_IDS:                  # the caller detokenises
                 if seq.finished:
@@ -134,9 +185,6 @@ class LLMEngine:
             # of every running request's tokens at every step is O(tokens) of host time the GPU would wait for
             outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, text.text, seq.finish_reason,
                                       [seq.new[-1]], delta))
-        # the host's share of the step: the GPU sits idle while it plans, packs, records and detokenises
-        self.scheduler.stats.host_s.append(time.perf_counter() - t2 + t1 - t0)
-        self.scheduler.stats.forward_s.append(t2 - t1)
         return outs
 
     def _finish_reason(self, seq: Sequence) -> str | None:

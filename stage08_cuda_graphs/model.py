@@ -8,8 +8,9 @@ in it: what batching buys.
     for each layer:
         h = rms_norm(x) * w_in                  [add_rms_norm fuses the previous layer's  x += d]
         q, k, v = h @ Wqkv^T                    (R, (nh + 2 nkv) hd)   one GEMM: q/k/v weights adjacent
-        q, k = rope(q, k, positions)                                   each row at its own position
-        K[slot_mapping], V[slot_mapping] = k, v                        each row's cache slot, in its blocks
+        q, k = rope(q, k, positions)                                   each row at its own position, and
+        K[slot_mapping], V[slot_mapping] = k, v                        each row's cache slot, in its blocks:
+                                                                       one kernel (rope_kv_write.cu)
         a = causal_gqa_attention(q, K, V through the row's block table, keys 0..position)  (R, nh hd)  online
                  softmax, no score matrix, on tensor cores: prompt chunks a tile of rows a block, decode rows
                  a block each with their keys split over blocks (flash-decoding); K/V read block by block
@@ -54,7 +55,8 @@ class Model:
                  max_model_len: int, max_num_batched_tokens: int, block_size: int):
         self.weights, self.config, self.gpu, self.kernels = weights, config, gpu, kernels
         self.cublas = Cublas(gpu)
-        self.gemv_shapes: set[tuple[int, int, int]] = set()   # (M, N, K) that take gemv.cu (graphs.pick_gemms)
+        self.gemv_shapes: dict[tuple[int, int, int], int] = {}   # (M, N, K) that take gemv.cu -> its warps a
+        #                                                          column (graphs.pick_gemms)
         self.max_num_seqs, self.max_model_len = B, L = max_num_seqs, max_model_len
         self.max_rows = R = max_num_batched_tokens
         c = config
@@ -71,11 +73,12 @@ class Model:
         self.block_tables = gpu.empty((B, W), "i32")        # seq_slot b's blocks, in position order
         gpu.fill_bytes(self.block_tables, 0)                # block 0 until written: never a read outside the pool
         # ---- every activation, allocated once for R rows (shapes per row)
-        self.inputs = gpu.empty((14 * R + 1,), "i32")       # one step's tokens | positions | slot_mapping (R
+        self.inputs = gpu.empty((15 * R + 1,), "i32")       # one step's tokens | positions | slot_mapping (R
         #               each) | logit rows | their seq_slots | counters (n <= R each) | the decode split's keys
         #               per split | prompt tiles | decode tiles (4 numbers each, <= R tiles in all) | block-table
-        #               updates (2 numbers each, < 2 R: a chunk of n rows brings at most n / BS + 1 blocks), in
-        #               one copy (a captured decode graph reads its own layout of it: graphs.py)
+        #               updates (2 numbers each, < 2 R: a chunk of n rows brings at most n / BS + 1 blocks) |
+        #               prev_rows (R, where any), in one copy (a captured decode graph reads its own layout of
+        #               it: graphs.py)
         self.tile_rows = tile_rows(nh, nkv, hd)             # 0: this head_dim takes every row alone
         self.partial_rows = PARTIAL_ROWS_PER_SEQ * B        # flash-decoding's (decode tile, split) pairs, at most
         self.partial = gpu.empty((self.partial_rows * nh * (hd + 2),), "f32")
@@ -149,29 +152,34 @@ class Model:
                              f"{self.cache.num_blocks} blocks")
         if len(updates) > 2 * self.max_rows:
             raise ValueError(f"{len(updates)} block-table updates in one step: the inputs hold {2 * self.max_rows}")
+        prev = step.prev_rows                     # indices into the step before's sampled ids (next_ids)
+        if prev is not None and (len(prev) != R or prev.max() >= self.max_num_seqs):
+            raise ValueError(f"prev_rows of {len(prev)} rows up to {prev.max()}: the step has {R} rows and the "
+                             f"sampler writes {self.max_num_seqs} ids")
 
     def upload_step(self, step: StepInputs, logits: DeviceArray | None = None) -> tuple[DeviceArray, ...]:
         """Queue the copy of a step's inputs to the GPU (one copy); returns the device views that run_uploaded()
         reads: tokens, positions, slot_mapping, logit_rows, attention's plan (prompt tiles, decode tiles, the
-        decode tiles' split: n_splits and a view of keys_per_split) and the block-table updates. Waits for
-        earlier GPU work first (the staging buffer is reused)."""
+        decode tiles' split: n_splits and a view of keys_per_split), the block-table updates and prev_rows.
+        Waits for earlier GPU work first (the staging buffer is reused)."""
         self.check_step(step, logits)
         R, n = step.num_rows, len(step.logit_rows)
         prompt, decode = plan_attention(step.chunks, self.tile_rows)
         n_splits, per_split = (decode_split(len(decode), int(decode[:, 3].max()) + 1, self.config.num_key_value_heads,
                                             self.kernels.sms, self.partial_rows) if len(decode) else (1, 0))
-        updates = step.table_updates
+        updates, prev = step.table_updates, step.prev_rows
         self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
                                                   step.logit_seq_slots, step.counters, [per_split],
-                                                  prompt.reshape(-1), decode.reshape(-1),
-                                                  updates.reshape(-1)]).astype(np.int32))
+                                                  prompt.reshape(-1), decode.reshape(-1), updates.reshape(-1),
+                                                  prev if prev is not None else []]).astype(np.int32))
         at, np_, nd, nu = self.inputs.view, len(prompt), len(decode), len(updates)
         self.logit_seq_slots = at(4 * (3 * R + n), (n,))
         self.counters = at(4 * (3 * R + 2 * n), (n,))
         end = 4 * (3 * R + 3 * n + 1)
         return (at(0, (R,)), at(4 * R, (R,)), at(8 * R, (R,)), at(12 * R, (n,)),
                 at(end, (np_, 4)) if np_ else None, at(end + 16 * np_, (nd, 4)) if nd else None,
-                (n_splits, at(end - 4, (1,))), at(end + 16 * (np_ + nd), (nu, 2)) if nu else None)
+                (n_splits, at(end - 4, (1,))), at(end + 16 * (np_ + nd), (nu, 2)) if nu else None,
+                at(end + 16 * (np_ + nd) + 8 * nu, (R,)) if prev is not None else None)
 
     def forward(self, step: StepInputs, logits: DeviceArray | None = None) -> DeviceArray:
         """Upload the step's inputs and run it (see run_uploaded())."""
@@ -187,7 +195,7 @@ class Model:
         """run_uploaded() for R rows and n logit rows, from device views alone: no host value of the step is
         read, so a CUDA graph can capture it (graphs.py)."""
         c, k = self.config, self.kernels
-        tokens, positions, slot_mapping, logit_rows, prompt_tiles, decode_tiles, split, updates = inputs
+        tokens, positions, slot_mapping, logit_rows, prompt_tiles, decode_tiles, split, updates, prev_rows = inputs
         if updates is not None:                       # the blocks this step's sequences got since the last
             k.block_table_write(self.block_tables, updates)
         nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
@@ -195,16 +203,15 @@ class Model:
         x, h, d = view(self.x, 0, R), view(self.h, 0, R), view(self.d, 0, R)
         qkv, attn = view(self.qkv, 0, R), view(self.attn, 0, R)
         gate_up, act = view(self.gate_up, 0, R), view(self.act, 0, R)
-        k.embedding(tokens, self.weights["model.embed_tokens.weight"], x)
+        k.embedding(tokens, self.weights["model.embed_tokens.weight"], x, prev_rows, self.next_ids)
         for i, w in enumerate(self.layers):
             if i == 0:
                 k.rms_norm(x, w["in_norm"], h, eps)
             else:
                 k.add_rms_norm(x, d, w["in_norm"], h, eps)        # x += previous layer's MLP output
             self.linear(h, w["qkv"], qkv)
-            k.rope(qkv, self.cos, self.sin, positions, nh + nkv, hd)
             k_cache, v_cache = self.cache.layer(i)
-            k.kv_write(qkv, k_cache, v_cache, slot_mapping, nh, nkv, hd)
+            k.rope_kv_write(qkv, k_cache, v_cache, slot_mapping, nh, nkv, hd, (self.cos, self.sin, positions))
             if prompt_tiles is not None:
                 k.attention(qkv, k_cache, v_cache, attn, self.partial, prompt_tiles, self.block_tables, nh, nkv,
                             hd)
@@ -227,9 +234,11 @@ class Model:
         return logits
 
     def linear(self, x: DeviceArray, w: DeviceArray, y: DeviceArray) -> None:
-        """y = x @ w^T: gemv.cu for the (M, N, K) where it was measured faster than cuBLAS, else cuBLAS."""
-        if (x.shape[0], *w.shape) in self.gemv_shapes:
-            self.kernels.gemv(x, w, y)
+        """y = x @ w^T: gemv.cu for the (M, N, K) where it was measured faster than cuBLAS (with the warps a
+        column that were fastest), else cuBLAS."""
+        split = self.gemv_shapes.get((x.shape[0], *w.shape))
+        if split is not None:
+            self.kernels.gemv(x, w, y, split)
         else:
             self.cublas.linear(x, w, y)
 

@@ -18,6 +18,10 @@ carries everything the kernels need to treat it alone, because neighbouring rows
     table_updates (u, 2) the block-table entries the GPU lacks: (seq_slot * table_width + i, block) for every
                        block a sequence of the step got since its entries were last sent (seq.blocks_synced),
                        written by block_table.cu before the first layer
+    prev_rows     (R,) or None: for a row whose token the step before is still sampling (asynchronous
+                       scheduling: the placeholder -1 - i in the sequence), i, the index of that id among the
+                       step before's sampled ids, which stay on the GPU; -1 for a row whose token is in tokens
+                       (0 where it is not). None: every token is in tokens
 
 Plain numpy: tested on the CPU (tests/test_packing_cpu.py).
 """
@@ -42,6 +46,7 @@ class StepInputs:
     counters: np.ndarray
     chunks: np.ndarray
     table_updates: np.ndarray
+    prev_rows: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -78,10 +83,17 @@ def pack(out: SchedulerOutput, max_model_len: int, block_size: int) -> StepInput
             logit_rows.append(len(tokens) - 1)
             logit_seq_slots.append(s.seq_slot)
             counters.append(len(s.new))
-    return StepInputs(np.array(tokens, np.int32), np.array(positions, np.int32), np.array(slots, np.int32),
+    tokens = np.array(tokens, np.int32)
+    pending = tokens < 0                # placeholders: the step before's sampled ids, still on the GPU
+    prev_rows = None
+    if pending.any():
+        prev_rows = np.where(pending, -1 - tokens, -1).astype(np.int32)
+        tokens[pending] = 0
+    return StepInputs(tokens, np.array(positions, np.int32), np.array(slots, np.int32),
                       np.array(seq_slots, np.int32), np.array(logit_rows, np.int32),
                       np.array(logit_seq_slots, np.int32), np.array(counters, np.int32),
-                      np.array(chunks, np.int32).reshape(-1, 4), np.array(updates, np.int32).reshape(-1, 2))
+                      np.array(chunks, np.int32).reshape(-1, 4), np.array(updates, np.int32).reshape(-1, 2),
+                      prev_rows)
 
 
 def plan_attention(chunks: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,14 +9,22 @@ anew, and memory is counted in blocks (block_manager.py), not in whole max_model
                     planned, the newest running sequence is preempted so that the oldest can go on
                  3. admit waiting requests, first come first served, while a seq_slot is free, budget is left
                     and the blocks of the request's first chunk are free
-    update():    the forward's sampled tokens go to the sequences whose chunk ended at their newest token; a
-                 sequence that stops frees its seq_slot and its blocks at once, for the next schedule()
+    advance():   the step is launched: its chunks' K/V count as cached, and every sequence it samples for gets
+                 a placeholder for its token, -1 - i for the step's i-th sampled id (still on the GPU)
+    record():    the step's sampled ids replace the placeholders, for the sequences whose chunk ended at their
+                 newest token; a sequence that stops frees its seq_slot and its blocks at once, for the next
+                 schedule(). update() is the two at once
 
 Preemption is by recompute (vLLM's default): the victim's blocks and seq_slot are freed, its tokens kept, and it
 goes back to the front of the waiting queue; when readmitted it prefills its prompt and the tokens it had
 generated, then samples its next token as if it had never stopped (its sampler counter is its count of tokens).
 The oldest running sequence is never preempted by a younger one, and a request that fits the pool alone is
 accepted (the engine refuses larger ones at add_request), so the oldest always advances: every request finishes.
+
+Asynchronous scheduling (llm_engine.py) calls schedule() for step t+1 between advance() and record() of
+step t: a decode row's token may be step t's placeholder (pack() sends the GPU where to find it), and a
+sequence that will have stopped by length is not given a row. One that stops on a stop token is only known to
+have stopped at record(t): its row in step t+1 was computed for nothing and is dropped.
 
 The token budget, `max_num_batched_tokens`, bounds the rows of one forward; `max_num_seqs` bounds the sequences
 holding a seq_slot (their number is no longer tied to max_model_len: blocks bound the memory). Decode rows are
@@ -109,7 +117,8 @@ class SchedulerError(ValueError):
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, blocks: BlockManager):
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, blocks: BlockManager,
+                 max_model_len: int | None = None):
         for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SchedulerError(f"{name}={v!r} must be an integer >= 1")
@@ -117,6 +126,7 @@ class Scheduler:
             raise SchedulerError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= max_num_seqs="
                                  f"{max_num_seqs}: each running sequence decodes one row per step")
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_model_len = max_model_len or 2**31      # a sequence this long has stopped ("length")
         self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []                        # in admission order
@@ -150,6 +160,8 @@ class Scheduler:
         for s in list(self.running):                             # 1. decode rows (the list changes as we preempt)
             if s.status is not running or s.prefilling:          # preempted by an older one, or prefilling
                 continue
+            if len(s.new) >= s.params.max_tokens or s.length >= self.max_model_len:   # its placeholder is its
+                continue                                         # last token (asynchronous scheduling)
             p = s.num_computed                                   # the row's position
             if p >= len(s.block_table) * bs:                     # its last block is full: it needs one more
                 while not blocks.can_grow(s, p + 1) and self._preempt(self.running[-1]) is not s:
@@ -213,20 +225,37 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
                ) -> list[Sequence]:
-        """Record a step: every chunk's K/V are now cached; `sampled` holds one token per chunk of
-        out.sampling, in that order. Returns the sequences that got a token (finished ones included)."""
+        """advance() and record() a step at once (the engine without asynchronous scheduling)."""
+        self.advance(out)
+        return self.record(out, sampled, finish_reason)
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """The step is launched: every chunk's K/V count as cached, and each sequence of out.sampling gets its
+        placeholder token, -1 - i for the i-th (the id the GPU samples for it, read back by record())."""
+        for c in out.chunks:
+            if not c.seq.finished:             # aborted, or stopped, since schedule(): its rows are dropped
+                c.seq.num_computed += c.n
+        for i, c in enumerate(out.sampling):
+            if not c.seq.finished:
+                c.seq.new.append(-1 - i)
+
+    def record(self, out: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
+               ) -> list[Sequence]:
+        """The advanced step's sampled ids, one per chunk of out.sampling in that order, replace their
+        placeholders (each its sequence's newest token: the next step is advanced only after this). Returns the
+        sequences that got a token (finished ones included)."""
         samplers = out.sampling
         if len(sampled) != len(samplers):
             raise ValueError(f"{len(sampled)} sampled tokens for {len(samplers)} sampling rows")
-        for c in out.chunks:
-            if not c.seq.finished:             # aborted between schedule() and update(): its rows are dropped
-                c.seq.num_computed += c.n
         advanced = []
-        for c, token in zip(samplers, sampled.tolist() if hasattr(sampled, "tolist") else sampled):
+        for i, (c, token) in enumerate(zip(samplers, sampled.tolist() if hasattr(sampled, "tolist") else sampled)):
             s = c.seq                          # out.sampling keeps the chunks' order, so advanced does too
             if s.finished:
                 continue
-            s.new.append(token)
+            if s.new[-1] != -1 - i:
+                raise RuntimeError(f"request {s.request_id!r}: its newest token is {s.new[-1]}, not the placeholder "
+                                   f"{-1 - i} of the step being recorded")
+            s.new[-1] = token
             s.timing.tick()
             advanced.append(s)
             reason = finish_reason(s)
@@ -239,5 +268,7 @@ class Scheduler:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             heapq.heappush(self._free, seq.seq_slot)
+        elif seq in self.waiting:              # preempted while its token was on the GPU, then stopped on it
+            self.waiting.remove(seq)
         self.blocks.free(seq)                  # a waiting sequence holds none (a preempted one gave them back)
         seq.status, seq.finish_reason, seq.seq_slot = SequenceStatus.FINISHED, reason, None

@@ -39,7 +39,7 @@
 //   qkv (R, row_stride) bf16: queries are the first nh heads of each row, RoPE applied;
 //   K, V (num_blocks, BS, nkv, hd) bf16, paged: position p of seq_slot b is cache slot
 //   block_tables[b][p / BS] * BS + p % BS (BS = 1 << block_shift; block_tables (B, table_width) i32), positions
-//   0..P of each row's sequence written (kv_write ran first);
+//   0..P of each row's sequence written (rope_kv_write ran first);
 //   tiles (n_tiles, 4) i32: row r, 1 row, seq_slot b, position P; out (R, nh * hd) bf16 (the tiles' rows written);
 //   partial (n_tiles, n_splits, nh, hd + 2) f32: o_z, then m_z, l_z (unused when n_splits = 1).
 //   hd even, at most 256 (lane i's elements past hd are skipped); G at most WARPS * MAX_HEADS_PER_WARP.

@@ -67,6 +67,23 @@ def test_embedding_gather_equals_numpy(kernels, T, V, H):
     assert np.array_equal(got, table[ids])
 
 
+@pytest.mark.parametrize("T, n", [(1, 1), (37, 5), (300, 256)])
+def test_embedding_takes_rows_named_by_prev_rows_from_the_sampled_ids(kernels, T, n):
+    """Asynchronous scheduling's rows: where prev_rows[t] >= 0 the id is prev_ids[prev_rows[t]], else ids[t]."""
+    gpu, V, H = kernels.gpu, 1000, 264
+    rng = np.random.default_rng()
+    table = rng.integers(0, 2**16, (V, H), dtype=np.uint16)
+    ids, prev_ids = rng.integers(0, V, T).astype(np.int32), rng.integers(0, V, n).astype(np.int32)
+    prev_rows = np.where(rng.random(T) < 0.5, rng.integers(0, n, T), -1).astype(np.int32)
+    prev_rows[0] = n - 1
+    out = gpu.empty((T, H), "bf16")
+    gpu.fill_bytes(out, 0xFF)
+    kernels.embedding(gpu.to_device(ids), gpu.to_device(table, "bf16"), out, gpu.to_device(prev_rows),
+                      gpu.to_device(prev_ids))
+    want = np.where(prev_rows >= 0, prev_ids[np.maximum(prev_rows, 0)], ids)
+    assert np.array_equal(gpu.to_host(out), table[want])
+
+
 def test_engine_embed_matches_reference(tiny_dir):
     from .. import Engine
 
@@ -82,6 +99,9 @@ def test_embedding_launcher_rejects_bad_shapes(kernels):
     gpu = kernels.gpu
     with pytest.raises(ValueError, match="embedding"):
         kernels.embedding(gpu.empty((3,), "i32"), gpu.empty((10, 12), "bf16"), gpu.empty((3, 12), "bf16"))
+    with pytest.raises(ValueError, match="embedding"):             # prev_rows of another length
+        kernels.embedding(gpu.empty((3,), "i32"), gpu.empty((10, 16), "bf16"), gpu.empty((3, 16), "bf16"),
+                          gpu.empty((2,), "i32"), gpu.empty((4,), "i32"))
 
 
 @pytest.mark.slow

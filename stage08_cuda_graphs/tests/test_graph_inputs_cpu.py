@@ -2,7 +2,9 @@
 step the way a graph does: packed into the fixed layout of the smallest captured size that holds it (pack_decode),
 then read back from that layout alone, as the graph's kernels read it; padding rows must write nothing. Whatever
 the arrivals, chunking and preemption, every request gets exactly the tokens the numpy reference engine gives it
-alone, and no decode step brings more block-table updates than it has rows (the pinned buffers' bound)."""
+alone, and no decode step brings more block-table updates than it has rows (the pinned buffers' bound). The
+engine schedules asynchronously, as the GPU engine does by default: decode rows name their token by the step
+before's sampled id (prev_rows), which must come through the layout too."""
 import numpy as np
 
 from ..graphs import capture_sizes, decode_layout, graph_size, is_decode_step, pack_decode
@@ -15,9 +17,9 @@ class GraphInputsRunner(NumpyRunner):
         self.__dict__.update(runner.__dict__)
         self.sizes, self.replayed = capture_sizes(max_num_seqs), []
 
-    def run(self, x):
+    def launch(self, x):
         if not is_decode_step(x):
-            return super().run(x)                            # prompt chunks run eagerly
+            return super().launch(x)                         # prompt chunks run eagerly
         R, size = x.num_rows, graph_size(x.num_rows, self.sizes)
         assert len(x.table_updates) <= R                     # at most one new block a decode row
         host, lay = pack_decode(x, size, keys_per_split=96), decode_layout(size)
@@ -30,17 +32,19 @@ class GraphInputsRunner(NumpyRunner):
         assert (slots[R:] == -1).all() and (field("logit_rows") == np.arange(size)).all()
         assert (tiles[:, :2] == np.stack([np.arange(size), np.ones(size)], 1)).all()
         assert (tiles[R:, 2:] == 0).all() and field("keys_per_split")[0] == 96
-        written = slots >= 0                                 # kv_write skips -1: padding rows write nothing
+        written = slots >= 0                                 # the cache write skips -1: padding rows write nothing
+        prev = field("prev_rows")
+        assert (prev[R:] == -1).all()                        # padding rows take no sampled id
         step = StepInputs(field("tokens")[written], field("positions")[written], slots[written], tiles[written, 2],
                           np.arange(R, dtype=np.int32), field("logit_seq_slots")[:R], field("counters")[:R],
-                          tiles[written], host[lay["updates"][0]:].reshape(-1, 2))
+                          tiles[written], host[lay["updates"][0]:].reshape(-1, 2), prev[written])
         assert (step.positions == tiles[:R, 3]).all() and (step.seq_slots == x.seq_slots).all()
         self.replayed.append((R, size))
-        return super().run(step)
+        return super().launch(step)
 
 
 def graph_engine(ref, **kw):
-    eng, runner = engine(ref, **kw)
+    eng, runner = engine(ref, async_scheduling=True, **kw)
     eng.runner = GraphInputsRunner(runner, kw.get("max_num_seqs", 3))
     return eng, eng.runner
 
@@ -52,6 +56,7 @@ def test_requests_through_the_graph_layout_get_the_tokens_they_get_alone(referen
     got = eng.generate(prompts, params)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert len(runner.replayed) >= 5 and any(r < size for r, size in runner.replayed)   # some of them padded
+    assert sum(runner.pending_rows) > 0
 
 
 def test_preemption_and_arrivals_through_the_graph_layout(reference):  # noqa: F811

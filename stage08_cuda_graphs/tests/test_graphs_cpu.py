@@ -41,8 +41,8 @@ def test_the_layout_packs_every_field_once_without_overlap(size):
     assert [name for name, _, _ in FIELDS] == list(layout)[:len(FIELDS)]
     for (a, n), (b, _) in zip(spans, spans[1:]):
         assert a + n == b                                     # back to back, no gap, no overlap
-    assert layout["tiles"][1] == 4 * size and layout["keys_per_split"] == (10 * size, 1)
-    assert layout["updates"][0] == 10 * size + 1
+    assert layout["tiles"][1] == 4 * size and layout["keys_per_split"] == (11 * size, 1)
+    assert layout["updates"][0] == 11 * size + 1
 
 
 def test_a_decode_step_is_padded_with_rows_that_write_nowhere():
@@ -59,14 +59,28 @@ def test_a_decode_step_is_padded_with_rows_that_write_nowhere():
 
     assert field("tokens").tolist() == [99 + 3, 99, 0, 0]
     assert field("positions").tolist() == [5, 2, 0, 0]
-    assert field("slot_mapping").tolist() == [2 * 4 + 1, 4 * 4 + 2, -1, -1]   # padding: -1, kv_write skips it
+    assert field("slot_mapping").tolist() == [2 * 4 + 1, 4 * 4 + 2, -1, -1]   # padding: -1, the cache write skips it
     assert field("logit_rows").tolist() == [0, 1, 2, 3]
     assert field("logit_seq_slots").tolist() == [3, 0, 0, 0]
     assert field("counters").tolist() == [1, 1, 0, 0]
+    assert field("prev_rows").tolist() == [-1, -1, -1, -1]      # every token is in tokens
     assert field("tiles", 4).tolist() == [[0, 1, 3, 5], [1, 1, 0, 2], [2, 1, 0, 0], [3, 1, 0, 0]]
     assert field("keys_per_split").tolist() == [96]
     assert host[lay["updates"][0]:].reshape(-1, 2).tolist() == [[3 * 25 + 1, 2]]   # seq_slot 3's entry 1 -> block 2
     assert host.dtype == np.int32
+
+
+def test_a_token_still_on_the_gpu_is_named_by_its_sampled_row():
+    """Asynchronous scheduling: b's newest token is the placeholder of the step before's 3rd sampled id (-1 - 2);
+    its row's token is 0 and prev_rows points at that id, in the packed step and in the graph's layout."""
+    a, b = decoding("a", 3, 6, [7, 2]), decoding("b", 0, 3, [4])
+    b.new = [-3]
+    x = pack(SchedulerOutput([ScheduledChunk(a, 5, 1), ScheduledChunk(b, 2, 1)]), L, BS)
+    assert x.tokens.tolist() == [102, 0] and x.prev_rows.tolist() == [-1, 2]
+    host, (first, count) = pack_decode(x, 4, keys_per_split=96), decode_layout(4)["prev_rows"]
+    assert host[first:first + count].tolist() == [-1, 2, -1, -1]
+    b.new = [99]
+    assert pack(SchedulerOutput([ScheduledChunk(b, 2, 1)]), L, BS).prev_rows is None
 
 
 def test_a_step_with_a_prompt_chunk_is_not_a_decode_step():

@@ -72,7 +72,10 @@ def test_add_rms_norm_updates_the_residual_and_norms_the_sum(kernels, rng, T, H)
 
 @pytest.mark.parametrize("T, nh, nkv, hd, max_len", [(1, 4, 2, 16, 8), (13, 32, 8, 64, 40), (5, 6, 3, 32, 1100),
                                                      (70, 8, 8, 64, 300)])
-def test_rope_rotates_each_row_by_its_own_position(kernels, rng, T, nh, nkv, hd, max_len):
+def test_rope_rotates_each_row_by_its_own_position_and_its_rotated_k_is_cached(kernels, rng, T, nh, nkv, hd,
+                                                                                max_len):
+    """rope_kv_write with RoPE: q and k heads rotated in place, v untouched, and each row's rotated k and its v
+    written to its cache slot (none for a slot of -1)."""
     from dataclasses import replace
 
     from common.rope import rope_cos_sin
@@ -85,13 +88,23 @@ def test_rope_rotates_each_row_by_its_own_position(kernels, rng, T, nh, nkv, hd,
     positions[0] = max_len - 1
     width = (nh + 2 * nkv) * hd
     qkv, qkvf = bf16(gpu, rng.normal(0, 1, (T, width)))
-    kernels.rope(qkv, gpu.to_device(cos), gpu.to_device(sin), gpu.to_device(positions), nh + nkv, hd)
+    slots = rng.permutation(2 * T).astype(np.int32)[:T]                 # a pool of 2 T slots, half of them written
+    slots[T // 2] = -1
+    k_cache, v_cache = poisoned(gpu, (2 * T, 1, nkv, hd)), poisoned(gpu, (2 * T, 1, nkv, hd))
+    kernels.rope_kv_write(qkv, k_cache, v_cache, gpu.to_device(slots), nh, nkv, hd,
+                          (gpu.to_device(cos), gpu.to_device(sin), gpu.to_device(positions)))
     got = read(gpu, qkv)
     c, s = cos[positions], sin[positions]
     rot = (nh + nkv) * hd
     want = apply_rope(qkvf[:, :rot].reshape(T, nh + nkv, hd), c, s).reshape(T, rot)
     assert rel_l2(got[:, :rot], want) < 1e-2
     assert np.array_equal(got[:, rot:], qkvf[:, rot:])                   # v untouched
+    k, v = read(gpu, k_cache).reshape(-1, nkv, hd), read(gpu, v_cache).reshape(-1, nkv, hd)
+    kept = slots >= 0
+    assert np.array_equal(k[slots[kept]], got[kept, nh * hd:rot].reshape(-1, nkv, hd))   # the rotated k, exactly
+    assert np.array_equal(v[slots[kept]], qkvf[kept, rot:].reshape(-1, nkv, hd))
+    untouched = np.setdiff1d(np.arange(2 * T), slots[kept])
+    assert np.isnan(k[untouched]).all() and np.isnan(v[untouched]).all()
 
 
 @pytest.mark.parametrize("T, inter", [(1, 8192), (11, 192), (4, 1002)])
@@ -174,8 +187,10 @@ class PagedPool:
         return (self.table[seq_slots, positions // self.bs] * self.bs + positions % self.bs).astype(np.int32)
 
     def write(self, kernels, qkv, qkvf, seq_slots, positions, nh, nkv, hd):
-        """kv_write this step's rows through the slot mapping; the logical caches get the same K/V."""
-        kernels.kv_write(qkv, self.k, self.v, kernels.gpu.to_device(self.slots(seq_slots, positions)), nh, nkv, hd)
+        """Write this step's rows' K/V through the slot mapping (rope_kv_write without RoPE); the logical caches
+        get the same K/V."""
+        kernels.rope_kv_write(qkv, self.k, self.v, kernels.gpu.to_device(self.slots(seq_slots, positions)), nh, nkv,
+                              hd)
         R = len(positions)
         self.kf[seq_slots, positions] = qkvf[:, nh * hd:(nh + nkv) * hd].reshape(R, nkv, hd)
         self.vf[seq_slots, positions] = qkvf[:, (nh + nkv) * hd:].reshape(R, nkv, hd)
@@ -184,7 +199,7 @@ class PagedPool:
 def run_attention(kernels, rng, lengths, new, nh, nkv, hd, max_len, first_seq=0, scale=1.5, tile_rows=None,
                   split=None, block_size=16):
     """A paged cache of random K/V; sequence first_seq + i holds lengths[i] positions, of which the last new[i]
-    are this step's rows (packed one after another, their K/V written by kv_write through the block tables; the
+    are this step's rows (packed one after another, their K/V written by rope_kv_write through the block tables; the
     earlier ones were cached by earlier steps): new = lengths is a whole prompt, new = 1 a decode row, anything
     between a later chunk of a chunked prefill. Checks every row against the reference; returns the output and
     what attend() ran."""
@@ -213,13 +228,13 @@ def run_attention(kernels, rng, lengths, new, nh, nkv, hd, max_len, first_seq=0,
     return got, ran
 
 
-def test_kv_write_writes_each_row_to_its_slot_and_skips_minus_one(kernels, rng):
+def test_the_cache_write_puts_each_row_in_its_slot_and_skips_minus_one(kernels, rng):
     gpu = kernels.gpu
     T, nh, nkv, hd, B, max_len = 7, 8, 2, 32, 3, 20
     qkv, qkvf = bf16(gpu, rng.normal(0, 1, (T, (nh + 2 * nkv) * hd)))
     k_cache, v_cache = poisoned(gpu, (B, max_len, nkv, hd)), poisoned(gpu, (B, max_len, nkv, hd))
     slot_mapping = np.array([5, 6, -1, max_len + 3, -1, 2 * max_len + 19, 0], np.int32)
-    kernels.kv_write(qkv, k_cache, v_cache, gpu.to_device(slot_mapping), nh, nkv, hd)
+    kernels.rope_kv_write(qkv, k_cache, v_cache, gpu.to_device(slot_mapping), nh, nkv, hd)
     k, v = read(gpu, k_cache).reshape(-1, nkv, hd), read(gpu, v_cache).reshape(-1, nkv, hd)
     written = slot_mapping[slot_mapping >= 0]
     assert np.array_equal(k[written], qkvf[slot_mapping >= 0, nh * hd:(nh + nkv) * hd].reshape(-1, nkv, hd))
@@ -373,12 +388,26 @@ def test_gemv_matches_numpy(kernels, rng, M, N, K):
     assert rel_l2(read(gpu, y), xf @ wf.T) < 1e-2
 
 
+@pytest.mark.parametrize("split", [1, 2, 4, 8])
+@pytest.mark.parametrize("M, N, K", [(1, 37, 8), (3, 1000, 2048), (8, 45, 4104), (2, 19, 520)])
+def test_gemv_with_any_warps_a_column_matches_numpy(kernels, rng, split, M, N, K):
+    """The warps a column the engine may pick: more warps than a row has loads leave some idle, still exact."""
+    gpu = kernels.gpu
+    x, xf = bf16(gpu, rng.normal(0, 1, (M, K)))
+    w, wf = bf16(gpu, rng.normal(0, 0.05, (N, K)))
+    y = poisoned(gpu, (M, N))
+    kernels.gemv(x, w, y, split)
+    assert rel_l2(read(gpu, y), xf @ wf.T) < 1e-2
+
+
 def test_gemv_refuses_what_it_cannot_load(kernels):
     gpu = kernels.gpu
     with pytest.raises(ValueError, match="gemv"):                          # K not a multiple of 8
         kernels.gemv(gpu.empty((1, 12), "bf16"), gpu.empty((4, 12), "bf16"), gpu.empty((1, 4), "bf16"))
     with pytest.raises(ValueError, match="gemv"):                          # 9 rows: no instantiation
         kernels.gemv(gpu.empty((9, 16), "bf16"), gpu.empty((4, 16), "bf16"), gpu.empty((9, 4), "bf16"))
+    with pytest.raises(ValueError, match="gemv"):                          # 3 warps a column: not a split
+        kernels.gemv(gpu.empty((1, 16), "bf16"), gpu.empty((4, 16), "bf16"), gpu.empty((1, 4), "bf16"), 3)
 
 
 def test_launchers_reject_bad_shapes(kernels):

@@ -1,7 +1,11 @@
 """CPU: the continuous-batching loop (llm_engine.py) over a numpy runner that keeps tokens in a paged cache, as
 the GPU keeps their K/V: written through the slot mapping, read back through block tables kept from the step's
 table updates. Whatever the packing, chunking, order of arrival and preemption, every request gets exactly the
-tokens the numpy reference engine gives it alone."""
+tokens the numpy reference engine gives it alone. Every test runs twice: without and with asynchronous
+scheduling (the runner then gets rows whose token is the step before's sampled id, which it reads from the ids
+it sampled last, as the GPU reads them from its own)."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -10,9 +14,10 @@ from common.reference import ReferenceEngine, sample_reference
 from common.sampling import SamplingParams
 
 from ..block_manager import BlockManager, blocks_for
-from ..llm_engine import LLMEngine
+from ..llm_engine import LLMEngine, Ready
 
 BS = 4          # block_size
+ASYNC = False   # asynchronous scheduling in engine(): set by the `scheduling` fixture for this module's tests
 
 
 class NumpyRunner:
@@ -26,6 +31,7 @@ class NumpyRunner:
         self.width = blocks_for(max_model_len, BS)
         self.tables = np.full(256 * self.width, -1, np.int64)
         self.params, self.rngs = {}, {}
+        self.last, self.pending_rows = np.zeros(0, np.int32), []   # the ids of the last step; placeholders a step
 
     def admit(self, seq):
         self.params[seq.seq_slot] = seq.params
@@ -33,10 +39,15 @@ class NumpyRunner:
         self.rngs.setdefault(seq.request_id, np.random.default_rng(seq.params.seed))
         self.rngs[seq.seq_slot] = self.rngs[seq.request_id]
 
-    def run(self, x):
+    def launch(self, x):
         self.rows.append(x.num_rows)
         self.tables[x.table_updates[:, 0]] = x.table_updates[:, 1]
-        self.cache[x.slot_mapping] = x.tokens
+        tokens = x.tokens
+        if x.prev_rows is not None:                 # placeholders: the ids this runner sampled last step
+            assert (tokens[x.prev_rows >= 0] == 0).all()
+            tokens = np.where(x.prev_rows >= 0, self.last[np.maximum(x.prev_rows, 0)], tokens)
+            self.pending_rows.append(int((x.prev_rows >= 0).sum()))
+        self.cache[x.slot_mapping] = tokens
         out = []
         for r, slot in zip(x.logit_rows, x.logit_seq_slots):
             pos = np.arange(x.positions[r] + 1)
@@ -46,7 +57,8 @@ class NumpyRunner:
             assert (history >= 0).all(), "a cache slot never written"
             out.append(sample_reference(self.model.last_logits(history.tolist()), self.params[slot],
                                         self.rngs[slot]))
-        return np.array(out, np.int32)
+        self.last = np.array(out, np.int32)
+        return Ready(self.last)
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +66,17 @@ def reference(tiny_dir):
     return ReferenceEngine(str(tiny_dir), max_model_len=96)
 
 
-def engine(reference, max_num_seqs=3, max_num_batched_tokens=16, num_blocks=200):
+@pytest.fixture(autouse=True, params=[False, True], ids=["sync", "async"])
+def scheduling(request, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ASYNC", request.param)
+    return request.param
+
+
+def engine(reference, max_num_seqs=3, max_num_batched_tokens=16, num_blocks=200, async_scheduling=None):
     runner = NumpyRunner(reference.model, num_blocks, reference.max_model_len)
     prompts = PromptPreparer(reference.checkpoint.folder, reference.config, reference.max_model_len)
-    return LLMEngine(runner, prompts, max_num_seqs, max_num_batched_tokens, BlockManager(num_blocks, BS)), runner
+    return LLMEngine(runner, prompts, max_num_seqs, max_num_batched_tokens, BlockManager(num_blocks, BS),
+                     ASYNC if async_scheduling is None else async_scheduling), runner
 
 
 def workload(n=7, seed=0):
@@ -78,6 +97,24 @@ def test_generate_equals_each_request_alone_with_chunked_prefill(reference):
         assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason and g.text == w.text
     assert max(runner.rows) <= 16 and not eng.has_unfinished_requests()
     assert any(len(p) > 16 for p in prompts)                  # some prompt was prefilled in chunks
+    assert (sum(runner.pending_rows) > 0) == ASYNC            # async: rows took the step before's ids on device
+
+
+def test_a_request_that_stops_by_length_gets_no_row_past_its_last_token(reference):
+    """Async scheduling plans a step before the last one's ids are read, but a request at max_tokens has
+    stopped whatever its token: it gets no row. One that stops on a stop token costs one row, dropped."""
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    eng, runner = engine(reference)
+    got = eng.generate([[5, 6, 7]], greedy)[0]
+    assert runner.rows == [3, 1, 1, 1, 1] and len(got.token_ids) == 5
+    third = got.token_ids[2]
+    stops = SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=[third], ignore_eos=True)
+    eng, runner = engine(reference)
+    stopped = eng.generate([[5, 6, 7]], stops)[0]
+    want = got.token_ids[:got.token_ids.index(third) + 1]
+    assert stopped.token_ids == want and stopped.finish_reason == "stop"
+    assert runner.rows == [3] + [1] * (len(want) - 1 + ASYNC)          # async: one row computed for nothing
+    assert not eng.has_unfinished_requests() and eng.blocks.num_free == 200
 
 
 def test_generate_reports_each_request_once_when_it_finishes(reference):

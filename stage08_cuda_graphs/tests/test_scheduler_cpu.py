@@ -113,6 +113,49 @@ def test_abort_between_schedule_and_update_drops_the_rows():
     assert advanced == [b] and a.new == [] and b.new == [6]
 
 
+def test_async_placeholders_are_planned_on_and_a_stop_found_late_frees_everything():
+    """Asynchronous scheduling: schedule() for the next step runs between advance() and record(). A decode row
+    carries the placeholder (-1 - i), a sequence at max_tokens gets no row, and one preempted while its token was
+    on the GPU that then stops on it leaves the queue and holds nothing."""
+    sched = scheduler(max_num_seqs=4, max_num_batched_tokens=100, num_blocks=5, block_size=4)
+    a, b = seq("a", 8, max_tokens=9), seq("b", 4, max_tokens=1)            # 2 blocks, 1 block
+    sched.add(a)
+    sched.add(b)
+    first = sched.schedule()
+    sched.advance(first)
+    assert a.new == [-1] and b.new == [-2]                   # placeholders of the 1st and 2nd sampled ids
+    c = seq("c", 8)                                          # 2 blocks: the pool is full
+    sched.add(c)
+    second = sched.schedule()                                # b is at max_tokens: no row; a decodes
+    assert [(ch.seq.request_id, ch.start, ch.n) for ch in second.chunks] == [("a", 8, 1)]
+    sched.record(first, [5, 6], by_length)
+    assert a.new == [5] and b.finished and sched.blocks.num_free == 2   # b gave 1 back, a took 1 for position 8
+    sched.advance(second)
+    third = sched.schedule()                                 # c is admitted: a decodes, c prefills
+    assert [ch.seq.request_id for ch in third.chunks] == ["a", "c"] and a.new == [5, -1]
+    sched.record(second, [8], lambda s: "stop" if s.new[-1] == 8 else None)   # a stops on the token
+    assert a.finished and a.block_table == [] and sched.running == [c]
+    sched.advance(third)                                     # a's row is dropped; c samples its first token
+    assert a.new == [5, 8] and a.num_computed == 9 and c.new == [-2]
+    sched.record(third, [1, 2], by_length)                   # a is skipped; c's is the 2nd id
+    assert c.new == [2] and a.new == [5, 8]
+    with pytest.raises(RuntimeError, match="newest token is 2, not the placeholder -2"):
+        sched.record(third, [1, 2], by_length)               # recorded twice: caught, not silently overwritten
+    # preempted while pending: d's row needs a block, none is free, so the newest (e) goes back with its
+    # placeholder; then e's token stops it, in the waiting queue
+    sched = scheduler(max_num_seqs=4, max_num_batched_tokens=100, num_blocks=3, block_size=4)
+    d, e = seq("d", 4, max_tokens=9), seq("e", 8, max_tokens=9)
+    sched.add(d)
+    sched.add(e)
+    out = sched.schedule()
+    sched.advance(out)
+    nxt = sched.schedule()
+    assert e.status is SequenceStatus.WAITING and e.new == [-2] and list(sched.waiting) == [e]
+    sched.record(out, [3, 4], lambda s: "stop" if s.new[-1] == 4 else None)
+    assert e.finished and not sched.waiting and d.new == [3] and [ch.seq for ch in nxt.chunks] == [d]
+    assert sched.blocks.num_free == 1
+
+
 def test_admission_by_blocks_and_the_newest_preempted_when_a_decode_row_needs_one():
     sched = scheduler(max_num_seqs=4, max_num_batched_tokens=100, num_blocks=5, block_size=4)
     a, b, c = seq("a", 8, max_tokens=3), seq("b", 12), seq("c", 1)    # 2, 3 and 1 blocks
