@@ -5,13 +5,15 @@ data-driven ones.
                   computed by graphs.py for the default max_num_seqs
   decode-profile  the committed runs of `python -m common.profile`: a decode step's kernels, group by group,
                   against their floors, one column per run, one table per batch size
+  step-split      the committed runs of bench_batch.py's test_decode_step_split: a decode step's wall time with
+                  and without asynchronous scheduling, and its GPU and host time kernel by kernel and replayed
 """
 from __future__ import annotations
 
 import json
 
 from common.profile import ORDER
-from common.readme import RESULTS
+from common.readme import RESULTS, pytest_bench
 
 from .cache import MAX_NUM_SEQS
 from .graphs import capture_sizes, graph_size
@@ -73,4 +75,24 @@ def decode_profile() -> str:
     return "\n".join(lines).rstrip()
 
 
-GENERATORS = {"graph-ladder": graph_ladder, "decode-profile": decode_profile}
+def step_split() -> str:
+    lines = []
+    for date, gpu, b in pytest_bench("pytest-bench-graphs"):
+        cases = sorted((n for n in b if n.startswith("test_decode_step_split")),
+                       key=lambda n: b[n]["extra_info"]["batch_size"])
+        if not cases or "wall_sync_ms" not in b[cases[0]]["extra_info"]:
+            continue                                 # a run from before asynchronous scheduling
+        lines += [f"Measured {date} on {gpu} (`bench_batch.py::test_decode_step_split`, 256 cached positions a "
+                  "sequence; walls the median of 20 steps through `step()`, GPU and queueing times from events):",
+                  "", "| B | wall, async | wall, sync | GPU, replayed | host to queue the replay | GPU, kernel by "
+                  "kernel | host to queue them | the loop's host time | floor |", "|" + " --- |" * 9]
+        for name in cases:
+            e = b[name]["extra_info"]
+            lines.append(f"| {e['batch_size']} | " + " | ".join(f"{e[k]:.2f} ms" for k in (
+                "wall_ms", "wall_sync_ms", "graph_gpu_ms", "graph_host_queue_ms", "gpu_ms", "host_queue_ms",
+                "host_loop_ms", "bandwidth_floor_ms")) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+GENERATORS = {"graph-ladder": graph_ladder, "decode-profile": decode_profile, "step-split": step_split}
