@@ -152,8 +152,8 @@ class LLMEngine:
         if self._in_flight is not None and not self.scheduler.has_unfinished():
             self._in_flight[1].result()            # every row of it is of stopped requests: nothing to record
             self._in_flight = None
-        # the host's share of the step: the GPU sits idle while it plans, packs, records and detokenises (with
-        # async scheduling, only while the GPU has no step queued behind the one being waited for)
+        # the host's share of the step, all but the wait: without async scheduling the GPU sits idle through it
+        # (plan, pack, record, detokenise); with it, most of it runs while the GPU works on the step launched here
         if done or launched:
             self.scheduler.stats.host_s.append(time.perf_counter() - t2 + t1 - t0)
             self.scheduler.stats.forward_s.append(t2 - t1)
