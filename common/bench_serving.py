@@ -145,7 +145,7 @@ def idle_metrics(url: str, wait_s: float = 10.0) -> dict:
 class ServerProcess:
     """`python -m common.serve` on a free loopback port, its output in a log file."""
 
-    def __init__(self, stage: str, model: str, max_model_len: int, log: Path, engine_process: bool = False,
+    def __init__(self, stage: str, model: str, max_model_len: int, log: Path, engine_process: bool = True,
                  start_timeout_s: float = 900):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -155,7 +155,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "common.serve", "--stage", stage, "--model", model, "--port", str(self.port),
              "--max-model-len", str(max_model_len), "--max-waiting", str(10**9)]
-            + (["--engine-process"] if engine_process else []),
+            + ([] if engine_process else ["--no-engine-process"]),
             stdout=self.log, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + start_timeout_s
         while time.monotonic() < deadline:
@@ -219,7 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--fault", action="store_true", help="and a run with disconnects and malformed requests")
     ap.add_argument("--no-direct", action="store_true", help="skip the engine-direct run")
-    ap.add_argument("--engine-process", action="store_true", help="the server's engine in a process of its own")
+    ap.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                    help="the server's engine in a process of its own (the default), or on a thread of the server's")
     ap.add_argument("--num-requests", type=int, help="only the workload's first N requests (a smoke run)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     a = ap.parse_args(argv)

@@ -207,7 +207,7 @@ def serving_results() -> str:
         steps = ("-" if "mean_step_ms" not in srv["runs"][0] else
                  f"{statistics.median(x['mean_step_ms'] for x in srv['runs']):.1f}; "
                  f"{statistics.median(x['mean_gap_ms'] for x in srv['runs']):.2f} ms")
-        where = " (its own process)" if r.get("engine") == "its own process" else ""
+        where = " (own process)" if r.get("engine") == "its own process" else " (thread)"   # older: a thread
         rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{r['stage']}`{where} | {r['concurrency']}; {rate} | "
                     f"{s['output_tok_per_s']:,.0f} ({lo:,.0f}-{hi:,.0f}) | {direct} | "
                     f"{s['ttft_p50_ms'] / 1e3:.2f}; {s['ttft_p99_ms'] / 1e3:.2f} s | "

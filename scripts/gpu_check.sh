@@ -89,7 +89,7 @@ want long-hf-32k && run harness-long-hf-32k python3 -m common.bench --stages hf-
     --out "$logs"
 # the server under load (issue 14): 256 concurrent streaming clients against the engine alone, then a fault run;
 # serve-rate: the same requests arriving at a fixed rate (Poisson, SERVE_RATE per second)
-# SERVE_ARGS: more flags for both (e.g. --engine-process)
+# SERVE_ARGS: more flags for both (e.g. --no-engine-process: the engine on a thread of the server's process)
 want serve && run serve-ragged python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --fault ${SERVE_ARGS:-} \
     --out "$logs"
 want serve-rate && run serve-ragged-rate python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --no-direct \

@@ -1,6 +1,8 @@
 """CPU tier: the engine in its own process (common/serve/engine_process.py) behind the step API gives what the
 engine gives in this one: the same tokens, the engine's own validation errors, aborts; and the server runs over
-it with the openai client."""
+it with the openai client; the engine steps on its own, and the server takes its steps when it can."""
+import time
+
 import pytest
 
 from common.reference import ReferenceEngine
@@ -25,9 +27,8 @@ def greedy(n):
 def test_the_remote_engine_gives_the_engines_tokens(remote, tiny_dir):
     prompts = ["one", "two three", "four five six"]
     want = ReferenceEngine(str(tiny_dir), max_model_len=96).generate(prompts, [greedy(5), greedy(7), greedy(3)])
-    ids = [remote.add_request(remote.prompts.encode(p), greedy(n), detokenize=False)
-           for p, n in zip(prompts, (5, 7, 3))]
-    assert remote.has_unfinished_requests() and remote.num_requests() == (0, 3)
+    ids = remote.add_requests([(remote.prompts.encode(p), greedy(n), None, False) for p, n in zip(prompts, (5, 7, 3))])
+    assert remote.has_unfinished_requests() and remote.num_requests() == (0, 3)   # one message added all three
     done = {}
     while remote.has_unfinished_requests():
         for o in remote.step():
@@ -37,16 +38,75 @@ def test_the_remote_engine_gives_the_engines_tokens(remote, tiny_dir):
     assert remote.num_requests() == (0, 0) and remote.kv_cache_usage() == 0
 
 
+def test_the_engine_runs_ahead_and_one_step_call_takes_every_step_since(remote, tiny_dir):
+    """The engine process does not wait for step(): left alone, it finishes both requests, and the one step()
+    after gives each request once, with all of its tokens."""
+    want = ReferenceEngine(str(tiny_dir), max_model_len=96).generate(["ahead", "of you"], [greedy(6), greedy(4)])
+    ids = remote.add_requests([("ahead", greedy(6), None, False), ("of you", greedy(4), None, False)])
+    deadline = time.monotonic() + 60
+    while remote._state[0]:           # read its messages as they come (no step() call) until it is idle
+        assert time.monotonic() < deadline, "the engine did not finish two short requests in 60 s"
+        if remote._conn.poll(0.05):
+            remote._receive()
+    assert len(remote._steps) >= 4    # it stepped at least once per token of the longer request
+    outs = remote.step()
+    assert sorted(o.request_id for o in outs) == sorted(ids)
+    got = {o.request_id: o for o in outs}
+    assert [got[i].new_token_ids for i in ids] == [w.token_ids for w in want]
+    assert all(got[i].finish_reason == "length" for i in ids)
+    assert not remote.has_unfinished_requests() and remote.step() == []
+
+
 def test_errors_and_aborts_cross_the_pipe(remote):
     from common.prompts import PromptError
 
     with pytest.raises(PromptError, match="max_model_len=96"):
         remote.add_request(list(range(200)), greedy(4))
+    bad, good = remote.add_requests([(list(range(200)), greedy(4), None, False), ("fine", greedy(2), None, False)])
+    assert isinstance(bad, PromptError) and isinstance(good, str)   # the one refused alone; the other runs
+    while remote.has_unfinished_requests():
+        remote.step()
     rid = remote.add_request("abort me", greedy(50))
     remote.step()
     remote.abort_request(rid)
-    assert not remote.has_unfinished_requests()
+    assert not remote.has_unfinished_requests()     # its outputs that had already arrived went with it
     assert remote.step() == []
+
+
+class FailingEngine(ReferenceEngine):
+    """Its third step raises, as a CUDA error would."""
+
+    steps = 0
+
+    def step(self):
+        self.steps += 1
+        if self.steps == 3:
+            raise RuntimeError("an illegal memory access, say")
+        return super().step()
+
+
+def failing_engine(folder):
+    return FailingEngine(folder, max_model_len=96)
+
+
+def test_a_step_that_raises_comes_after_the_steps_before_it_and_the_engine_goes_on(tiny_dir):
+    ep = EngineProcess(failing_engine, str(tiny_dir))
+    try:
+        (rid,) = ep.add_requests([("x y", greedy(10), None, False)])
+        got = []
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            while True:
+                got += [t for o in ep.step() for t in o.new_token_ids]
+        assert len(got) == 2                          # the two good steps' tokens came first
+        assert not ep.has_unfinished_requests()       # it waits for the server to answer, not stepping again
+        ep.abort_request(rid)                         # what the engine loop does for that step's requests
+        (rid,) = ep.add_requests([("again", greedy(3), None, False)])
+        outs = []
+        while ep.has_unfinished_requests():
+            outs += ep.step()
+        assert outs[-1].request_id == rid and outs[-1].finish_reason == "length"
+    finally:
+        ep.close()
 
 
 def test_the_server_over_the_remote_engine(remote, tiny_dir):
@@ -101,9 +161,10 @@ def test_engine_options_reach_the_engine_and_one_it_does_not_take_is_refused(tin
 
 
 def test_the_command_line_serves_with_engine_process(tiny_dir):
-    """`python -m common.serve --engine-process`, as a user starts it: the spawned child must find the factory by
-    module and name (it cannot import the parent's __main__ when the parent ran with -m), and builds the engine
-    with the options given (--max-num-seqs); one completion, then Ctrl-C ends both processes."""
+    """`python -m common.serve`, as a user starts it (the engine in its own process by default): the spawned child
+    must find the factory by module and name (it cannot import the parent's __main__ when the parent ran with -m),
+    and builds the engine with the options given (--max-num-seqs); one completion, then Ctrl-C ends both
+    processes."""
     import json
     import os
     import signal
@@ -118,7 +179,7 @@ def test_the_command_line_serves_with_engine_process(tiny_dir):
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "common.serve", "--model", str(tiny_dir), "--port", str(port),
-                             "--max-model-len", "96", "--engine-process", "--max-num-seqs", "2"],
+                             "--max-model-len", "96", "--max-num-seqs", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

@@ -1,8 +1,8 @@
-"""GPU tier: the server over stage05 and over the newest stage with the step API, on the 1B preset, driven by the
-openai client: a greedy request's text through the server equals the engine's generate() alone, streams say what
-whole answers say, seeds reproduce, stop strings cut, 32 concurrent streams each get their own greedy tokens (by
-the decided-step rule of common/testing.py: their steps are batched with the others'), and a client that goes
-away leaves nothing running."""
+"""GPU tier: the server over stage05 and over the newest stage with the step API (on a thread, and in a process
+of its own), on the 1B preset, driven by the openai client: a greedy request's text through the server equals the
+engine's generate() alone, streams say what whole answers say, seeds reproduce, stop strings cut, 32 concurrent
+streams each get their own greedy tokens (by the decided-step rule of common/testing.py: their steps are batched
+with the others'), and a client that goes away leaves nothing running."""
 import inspect
 import threading
 import time
@@ -13,7 +13,8 @@ openai = pytest.importorskip("openai", reason="the server tests drive it with th
 pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
 
 from common.sampling import SamplingParams
-from common.serve.engines import build_engine
+from common.serve.engine_process import EngineProcess
+from common.serve.engines import build_engine, engine_class
 from common.testing import check_greedy
 
 from .test_serve_cpu import MODEL, Running, metric
@@ -22,13 +23,20 @@ pytestmark = pytest.mark.gpu
 ONE_B, LEN = "llama-3.2-1b", 512
 
 
-@pytest.fixture(scope="module", params=["05", "newest"])
+@pytest.fixture(scope="module", params=["05", "newest", "newest-own-process"])
 def served(request):
-    engine = build_engine(None if request.param == "newest" else request.param, ONE_B, LEN)
+    """The server over stage05, over the newest stage on a thread of this process, and over the newest stage in
+    a process of its own (the command line's default)."""
+    stage, own_process = (None if request.param.startswith("newest") else request.param,
+                          request.param.endswith("process"))
+    engine = EngineProcess(build_engine, stage, ONE_B, LEN) if own_process else build_engine(stage, ONE_B, LEN)
+    cls, _ = engine_class(stage)
     running = Running(engine)
-    alone = type(engine)(ONE_B, max_model_len=LEN, max_num_seqs=1, **beside(type(engine)))   # each request alone
+    alone = cls(ONE_B, max_model_len=LEN, max_num_seqs=1, **beside(cls))   # each request alone
     yield running, running.client(), alone
     running.close()
+    if own_process:
+        engine.close()
 
 
 def beside(engine_class) -> dict:

@@ -1,9 +1,10 @@
 """python -m common.serve [--stage 05] [--model DIR|PRESET] [--host 127.0.0.1] [--port 8000] [--max-model-len N]
                          [--max-num-seqs N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] [--block-size N]
+                         [--no-engine-process]
 
 Serves the newest stage with the step API, or the one named; on a machine without a GPU, the numpy reference
-engine (and says so). The engine runs on a thread of the server's process, or with --engine-process in a process
-of its own (engine_process.py)."""
+engine (and says so). The engine runs in a process of its own (engine_process.py), or with --no-engine-process on
+a thread of the server's process."""
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,9 @@ def main(argv=None) -> int:
     engine.add_argument("--gpu-memory-utilization", type=float, help="the share of the GPU the engine may use")
     engine.add_argument("--kv-cache-memory-bytes", type=int, help="the KV cache's size (a paged engine's pool)")
     engine.add_argument("--block-size", type=int, help="positions per KV cache block (a paged engine)")
-    ap.add_argument("--engine-process", action="store_true",
-                    help="run the engine in a process of its own (engine_process.py), not on a thread of the "
-                         "server's")
+    ap.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the engine in a process of its own (engine_process.py; the default, as vLLM's "
+                         "engine core), or with --no-engine-process on a thread of the server's")
     ap.add_argument("--max-waiting", type=int, default=1024,
                     help="requests queued for a seq_slot beyond which a new one gets 503 (default 1024)")
     a = ap.parse_args(argv)

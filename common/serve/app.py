@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from common.prompts import PromptError
 
-from .engine_loop import EngineFailed, EngineLoop, ShuttingDown
+from .engine_loop import Delta, EngineFailed, EngineLoop, ShuttingDown
 from .protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from .stops import StopMatcher
 
@@ -108,14 +108,16 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
             raise OpenAIError(500, f"the engine refused the request: {type(e).__name__}: {e}") from None
 
     async def deltas(rid, sink, stops):
-        """(text, finish_reason, completion tokens, new token ids) per step, stop strings applied; the engine's
-        request is aborted when a stop string ends it early or the consumer goes away."""
+        """(text, finish_reason, completion tokens, new token ids) per step (or per several, merged, when this
+        handler fell behind), stop strings applied; the engine's request is aborted when a stop string ends it
+        early or the consumer goes away."""
         matcher, engine_done, detok, ids = StopMatcher(stops), False, tokenizer.stream(), []
         try:
             while True:
                 d = await sink.get()
                 if isinstance(d, EngineFailed):
                     raise d
+                d, failed = merge_waiting(d, sink)
                 ids += d.token_ids
                 text = "".join(detok.step(t) for t in d.token_ids)
                 if d.finish_reason is not None:    # the last piece flushes what the stream held back
@@ -130,9 +132,22 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
                            d.token_ids)
                     return
                 yield text, None, d.num_tokens, d.token_ids
+                if failed is not None:
+                    raise failed
         finally:
             if not engine_done:
                 loop.abort(rid)
+
+    def merge_waiting(d: Delta, sink) -> tuple[Delta, EngineFailed | None]:
+        """d and every Delta already waiting behind it, as one (and an EngineFailed that came after them): a
+        handler that fell behind the engine sends one event for several steps, not one each, and so catches up
+        (vLLM's output processor merges a request's waiting outputs the same way)."""
+        while d.finish_reason is None and not sink.empty():
+            nxt = sink.get_nowait()
+            if isinstance(nxt, EngineFailed):
+                return d, nxt
+            d = Delta(d.token_ids + nxt.token_ids, nxt.num_tokens, nxt.finish_reason)
+        return d, None
 
     async def respond(req, rid, sink, stops, prompt_ids: list[int], chat: bool):
         kind = "chat.completion" if chat else "text_completion"

@@ -1,6 +1,7 @@
 """One thread owns the engine and drives its step() while requests exist; HTTP handlers talk to it by messages.
 
     handler --add(prompt, params)--> inbox --> loop thread: engine.add_request (errors go back to the handler)
+                                               (an engine in its own process: those of a burst in one message)
     loop thread: engine.step() --> each RequestOutput's token ids --> that request's asyncio.Queue
                  (one call_soon_threadsafe per step for all of them)
     handler --abort(id)--> inbox --> loop thread: engine.abort_request (a disconnect frees its slot by the next step)
@@ -109,11 +110,18 @@ class EngineLoop:
                     msgs.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
+            adds = []
             for m in msgs:
+                if m[0] == "add":            # the adds of a burst go to the engine together (see _add_all)
+                    adds.append(m)
+                    continue
+                self._add_all(adds)
+                adds = []
                 if m[0] == "stop":
                     self._shut_down()
                     return
-                self._handle(m)
+                self._abort(m[1])
+            self._add_all(adds)
             if self.engine.has_unfinished_requests():
                 t0 = time.perf_counter()
                 if last_step_end is not None and not idle:   # the loop's own time between two steps
@@ -123,20 +131,38 @@ class EngineLoop:
                 self.metrics.step_time.observe(last_step_end - t0)
             self._count()
 
-    def _handle(self, m) -> None:
-        if m[0] == "add":
-            _, rid, prompt, params, sink, done = m
+    def _add_all(self, adds: list) -> None:
+        """Queue the requests that arrived together. An engine in another process takes them in one message
+        (add_requests: one round trip for a burst of clients, not one each); each one the engine refuses goes
+        back to its handler, and the rest run."""
+        if not adds:
+            return
+        if hasattr(self.engine, "add_requests"):
             try:
-                self.engine.add_request(prompt, params, request_id=rid, detokenize=False)   # the handler does
-            except Exception as e:  # noqa: BLE001  a bad prompt or params: the handler gets it, the loop goes on
-                done.set_exception(e)
-                return
+                results = self.engine.add_requests([(prompt, params, rid, False)
+                                                    for _, rid, prompt, params, *_ in adds])
+            except Exception as e:  # noqa: BLE001  no engine to take them (its process died): each handler hears
+                results = [e] * len(adds)
+        else:
+            results = [self._try_add(prompt, params, rid) for _, rid, prompt, params, *_ in adds]
+        for (_, rid, prompt, _, sink, done), result in zip(adds, results):
+            if isinstance(result, Exception):    # a bad prompt or params: the handler gets it, the loop goes on
+                done.set_exception(result)
+                continue
             self._live[rid] = _Live(sink, time.perf_counter())
             self.metrics.prompt_tokens.inc(len(prompt))
             done.set_result(rid)
-        elif m[0] == "abort" and m[1] in self._live:
-            self.engine.abort_request(m[1])
-            del self._live[m[1]]
+
+    def _try_add(self, prompt, params, rid):
+        try:
+            return self.engine.add_request(prompt, params, request_id=rid, detokenize=False)   # the handler does
+        except Exception as e:  # noqa: BLE001
+            return e
+
+    def _abort(self, rid) -> None:
+        if rid in self._live:
+            self.engine.abort_request(rid)
+            del self._live[rid]
             self.metrics.finished.labels("abort").inc()
 
     def _step(self) -> None:

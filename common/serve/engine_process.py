@@ -1,21 +1,25 @@
-"""The engine in a process of its own, behind the step API: what vLLM does with its engine core, for the same reason.
+"""The engine in a process of its own, running on its own: what vLLM does with its engine core, for the same reason.
 
-    server process                                        engine process
-    EngineLoop thread --add / abort / step--> Pipe -->     the real engine (a stage's, or the numpy one)
-                      <--token ids, counts--  Pipe <--
+    server process                                         engine process (engine core)
+    EngineLoop thread --add_requests / abort--> Pipe -->    between two steps: every message waiting, answered
+                      <--replies, each step's new ids--    then step() while there is work, its new ids sent
+                                                           at once, without waiting for the server
 
 In one process the engine's thread and the event loop's thread share one interpreter lock: while the event loop
 turns a step's tokens into 256 server-sent events, the engine's thread may not queue the next step's kernels, and
-the GPU waits. Here each process has its own. (`--engine-process`: not yet the default, because it has not yet
-been measured against the thread on the H200; on a two-core CPU, where client, server and engine share two cores,
-it was 7% slower than the thread.) The engine loop (engine_loop.py) does not change: it drives this
-proxy as it would the engine. Each step costs one round trip that carries only the step's new token ids (a
-request's earlier tokens stay on this side), and the counts the loop reads between steps come back with every
-reply, so they cost no round trip of their own.
+the GPU waits. Here each process has its own, and the engine does not wait for the server either: it steps as
+long as it has requests, and each step's outputs go into the pipe as one message (only the step's new token ids;
+a request's earlier ids stay on the server's side). The server's side reads them when it can: if it falls behind,
+the messages queue in the pipe and its next step() takes all of them at once, one merged output per request, so a
+slow server means fewer, larger server-sent events, not a slower engine. A call (adding requests, aborting one)
+is answered between two steps; the requests that arrived together are added with one message, so 256 clients
+arriving at once cost one round trip, not 256. The state the engine loop reads between steps (unfinished, the
+counts, the KV cache in use) comes with every message, so it costs no round trip of its own.
 """
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 
 from common.checkpoint import Checkpoint
 from common.outputs import RequestOutput
@@ -30,7 +34,7 @@ class EngineProcess:
     """The step API of an engine that runs in a child process (spawned: a CUDA context does not survive a fork).
     The child builds it as factory(*args): a GPU engine cannot be sent there, only how to make one
     (`python -m common.serve` passes engines.build_engine with the stage, the model and max_model_len: a function
-    the child can import by name)."""
+    the child can import by name). Not thread-safe: one thread (the engine loop's) calls it."""
 
     def __init__(self, factory, *args, start_timeout_s: float = 900):
         ctx = multiprocessing.get_context("spawn")
@@ -52,28 +56,68 @@ class EngineProcess:
         folder, self.max_model_len, self._state = info
         self.prompts = PromptPreparer(folder, Checkpoint(folder).config, self.max_model_len)
         self._tokens: dict = {}              # request id -> its generated ids so far (this side's copy)
+        self._steps: list = []               # ("step", outputs) / ("step_error", exception) not yet taken
         self.dead: str | None = None         # why the engine's process is gone, once it is
 
     # ------------------------------------------------------------------ the step API
     def add_request(self, prompt, params, request_id=None, detokenize: bool = True):
-        rid = self._call("add_request", prompt, params, request_id, detokenize)
-        self._tokens[rid] = []
-        return rid
+        (result,) = self.add_requests([(prompt, params, request_id, detokenize)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def add_requests(self, requests: list[tuple]) -> list:
+        """add_request's arguments for each of several requests, sent in one message: each one's id, or the
+        exception the engine raised for it (it refused that one alone)."""
+        results = self._call("add_requests", requests)
+        for r in results:
+            if not isinstance(r, Exception):
+                self._tokens[r] = []
+        return results
 
     def abort_request(self, request_id) -> None:
         self._call("abort_request", request_id)
         self._tokens.pop(request_id, None)
+        for i, (kind, value) in enumerate(self._steps):   # its outputs already here are dropped with it
+            if kind == "step":
+                self._steps[i] = (kind, [o for o in value if o[0] != request_id])
 
     def step(self) -> list[RequestOutput]:
+        """Every step the engine made since the last call (waiting for one if there is none yet), merged: one
+        output per request, with all of its new ids. An engine step that raised is raised here, in its turn."""
+        if not self._steps and not self._state[0]:
+            return []                        # it is idle, and stays so until it is sent something
+        try:
+            if not self._steps:
+                self._receive()              # blocks without the GIL while the engine works
+            while self._conn.poll():
+                self._receive()
+        except (EOFError, OSError):
+            self._died()
+        merged: dict = {}
+        while self._steps:
+            kind, value = self._steps[0]
+            if kind == "step_error":
+                if merged:                   # what came before it first; the error at the next call
+                    break
+                self._steps.pop(0)
+                raise value
+            self._steps.pop(0)
+            for rid, new, reason in value:
+                if rid not in self._tokens:  # aborted on this side already
+                    continue
+                got = merged.setdefault(rid, [[], None])
+                got[0] += new
+                got[1] = reason
         outs = []
-        for rid, new, reason in self._call("step"):
+        for rid, (new, reason) in merged.items():
             ids = self._tokens[rid] if reason is None else self._tokens.pop(rid)
             ids += new
             outs.append(RequestOutput(rid, [], ids, "", reason, new, ""))   # prompt ids and text: not carried
         return outs
 
     def has_unfinished_requests(self) -> bool:
-        return self._state[0]
+        return self._state[0] or bool(self._steps)
 
     def num_requests(self) -> tuple[int, int]:
         return self._state[1]
@@ -92,48 +136,88 @@ class EngineProcess:
             self._proc.terminate()
 
     def _call(self, method: str, *args):
+        """Send a call and wait for its answer; the steps that arrive before it are kept for step()."""
         if self.dead:
             raise EngineDead(self.dead)
         try:
             self._conn.send((method, *args))
-            kind, value, self._state = self._conn.recv()  # blocks without the GIL while the engine works
-        except (EOFError, OSError):                       # it crashed or was killed: nothing in it survives
-            self._proc.join(5)
-            self.dead = f"the engine process exited (exit code {self._proc.exitcode})"
-            self._state, self._tokens = (False, (0, 0), 0.0), {}
-            raise EngineDead(self.dead) from None
+            while (reply := self._receive()) is None:
+                pass
+        except (EOFError, OSError):
+            self._died()
+        kind, value = reply
         if kind == "error":
             raise value
         return value
 
+    def _receive(self):
+        """One message: a step's is queued (None returned), a call's answer returned."""
+        kind, value, self._state = self._conn.recv()
+        if kind in ("step", "step_error"):
+            self._steps.append((kind, value))
+            return None
+        return kind, value
+
+    def _died(self):
+        """It crashed or was killed: nothing in it survives."""
+        self._proc.join(5)
+        self.dead = f"the engine process exited (exit code {self._proc.exitcode})"
+        self._state, self._tokens, self._steps = (False, (0, 0), 0.0), {}, []
+        raise EngineDead(self.dead) from None
+
 
 def _serve_engine(conn, factory, args) -> None:
-    """The child: build the engine, then answer calls until told to close (or the parent goes away)."""
+    """The child (the engine core): build the engine, then until told to close (or the parent goes away): answer
+    every message waiting, and step while there is work, sending each step's outputs as they come."""
     try:
         engine = factory(*args)
     except BaseException as e:  # noqa: BLE001  the parent reports it
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
+    stalled = False      # a step raised: no more steps until the server has answered it (it aborts the requests)
+
+    def busy() -> bool:
+        return engine.has_unfinished_requests() and not stalled
 
     def state():
-        return engine.has_unfinished_requests(), engine.num_requests(), engine.kv_cache_usage()
+        return busy(), engine.num_requests(), engine.kv_cache_usage()
+
+    def add_requests(requests):
+        out = []
+        for prompt, params, request_id, detokenize in requests:
+            try:
+                out.append(engine.add_request(prompt, params, request_id, detokenize))
+            except Exception as e:  # noqa: BLE001  that request alone is refused
+                out.append(_picklable(e))
+        return out
 
     conn.send(("ready", str(engine.checkpoint.folder), engine.max_model_len, state()))
     while True:
-        try:
-            method, *args = conn.recv()
-        except EOFError:                                  # the server is gone
-            return
-        if method == "close":
-            return
-        try:
-            if method == "step":                          # only what the step added crosses the pipe
-                value = [(o.request_id, list(o.new_token_ids), o.finish_reason) for o in engine.step()]
-            else:
-                value = getattr(engine, method)(*args)
-            conn.send(("ok", value, state()))
-        except Exception as e:  # noqa: BLE001  raised again on the server's side
+        while not busy() or conn.poll():     # idle: sleep until a message; busy: take the ones waiting
             try:
-                conn.send(("error", e, state()))
-            except Exception:  # noqa: BLE001  an exception that does not pickle
-                conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}"), state()))
+                method, *args = conn.recv()
+            except EOFError:                 # the server is gone
+                return
+            if method == "close":
+                return
+            stalled = False
+            try:
+                value = add_requests(*args) if method == "add_requests" else getattr(engine, method)(*args)
+                conn.send(("ok", value, state()))
+            except Exception as e:  # noqa: BLE001  raised again on the server's side
+                conn.send(("error", _picklable(e), state()))
+        try:                                 # only what the step added crosses the pipe
+            outs = [(o.request_id, list(o.new_token_ids), o.finish_reason) for o in engine.step()]
+            conn.send(("step", outs, state()))
+        except Exception as e:  # noqa: BLE001  the server ends that step's requests
+            stalled = True
+            conn.send(("step_error", _picklable(e), state()))
+
+
+def _picklable(e: Exception) -> Exception:
+    """The exception itself if it crosses the pipe, else a RuntimeError naming it."""
+    try:
+        pickle.dumps(e)
+        return e
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(e).__name__}: {e}")

@@ -19,7 +19,6 @@ def build_engine(stage: str | None, model: str, max_model_len: int | None, optio
     """The engine to serve. `options` (vLLM's names: max_num_seqs, gpu_memory_utilization, block_size, ...) go to
     its constructor; one it does not take is refused, naming it and the engine (a silently ignored
     --gpu-memory-utilization would let two servers fight over one GPU)."""
-    from common.bench import stage_module
     from common.device import has_gpu
 
     usable, why = has_gpu()
@@ -29,14 +28,22 @@ def build_engine(stage: str | None, model: str, max_model_len: int | None, optio
         print(f"{why}: serving the numpy reference engine on {model} (slow; for tests and reading)",
               file=sys.stderr)
         return _construct(ReferenceEngine, "the numpy reference engine", model, max_model_len, options)
-    if stage is None:          # the newest stage that has the API
+    cls, name = engine_class(stage)
+    return _construct(cls, name, model, max_model_len, options)
+
+
+def engine_class(stage: str | None) -> tuple[type, str]:
+    """The Engine class of stage NN (None: the newest stage that has the step API), and its module's name."""
+    from common.bench import stage_module
+
+    if stage is None:
         root = Path(__file__).resolve().parents[2]
         names = sorted(p.name for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
         name = [n for n in names if has_step_api(n)][-1]
     elif not has_step_api(name := stage_module(stage)):
         raise SystemExit(f"--stage {stage}: {name} has no step API (add_request / step / abort_request); "
                          "stage05 and later have it")
-    return _construct(importlib.import_module(name).Engine, name, model, max_model_len, options)
+    return importlib.import_module(name).Engine, name
 
 
 def _construct(cls, name: str, model: str, max_model_len: int | None, options: dict | None):
