@@ -62,8 +62,10 @@ def _arg(a: DeviceArray | None) -> np.uint64:
 
 
 class Kernels:
-    def __init__(self, gpu: Gpu):
-        self.gpu = gpu
+    def __init__(self, gpu: Gpu, pdl: bool = True):
+        """pdl: launch with programmatic dependent launch (kernels/pdl.cuh); False launches each kernel only
+        after the one before has finished (a test compares the two)."""
+        self.gpu, self.pdl = gpu, pdl
 
         def load(file: str, *names: str):
             module = KernelModule(KERNEL_DIR / file, gpu.arch)
@@ -86,13 +88,15 @@ class Kernels:
         self._checksum_config = self._config("checksum", 4 * sms, THREADS)
 
     def _config(self, key, grid, block, shmem_size=0):
-        """A LaunchConfig per (kernel, shape), built on first use and kept."""
+        """A LaunchConfig per (kernel, shape), built on first use and kept. With pdl every kernel is launched
+        with programmatic stream serialization (programmatic dependent launch, kernels/pdl.cuh): it may start
+        before the kernel ahead of it in the stream has finished, and waits for it inside, where it has to."""
         from cuda.core import LaunchConfig
 
         config = self._configs.get((key, grid, block, shmem_size))
         if config is None:
-            config = self._configs[(key, grid, block, shmem_size)] = LaunchConfig(grid=grid, block=block,
-                                                                                  shmem_size=shmem_size)
+            config = self._configs[(key, grid, block, shmem_size)] = LaunchConfig(
+                grid=grid, block=block, shmem_size=shmem_size, programmatic_stream_serialization=self.pdl)
         return config
 
     def embedding(self, ids: DeviceArray, table: DeviceArray, out: DeviceArray, prev_rows: DeviceArray | None = None,

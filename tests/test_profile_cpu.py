@@ -31,3 +31,13 @@ def test_the_floors_of_zero_rows_are_the_weights_each_read_once(fixture, request
     assert more["attention"] - floors["attention"] >= c.num_hidden_layers * 4 * 100 * 2 * c.num_key_value_heads \
         * c.head_dim * 2                                     # every cached key and value read
     assert more["rope + kv_write"] == more["rope"] + more["kv_write"] > 0   # the fused kernel moves both's bytes
+
+
+def test_overlapping_kernels_count_once_each_from_the_previous_end():
+    """Kernels launched early (programmatic dependent launch) start before the one ahead ends: each is counted
+    from that end, so the step's nanoseconds are counted once; without overlap it is each kernel's duration."""
+    from common.profile import exposed_ns
+
+    assert exposed_ns([(0, 10, "a"), (12, 20, "b"), (20, 25, "c")]) == [10, 8, 5]          # serial, a gap
+    assert exposed_ns([(0, 10, "a"), (3, 14, "b"), (5, 30, "c"), (6, 31, "d")]) == [10, 4, 16, 1]
+    assert sum(exposed_ns([(0, 10, "a"), (3, 14, "b"), (5, 30, "c")])) == 30 - 0           # the span, no gaps

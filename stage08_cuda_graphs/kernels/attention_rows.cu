@@ -46,6 +46,7 @@
 //   Dynamic shared memory: 32 (hd/2 + 1) bf16 pairs (K), 32 hd bf16 (V), G hd bf16 (the group's queries).
 // The causal mask is the loop bound (keys past P are never loaded); within the last tile, keys past P get p = 0.
 #include <cuda_bf16.h>
+#include "pdl.cuh"
 
 #define KEYS_PER_TILE 32          // = the warp size: lane j scores key j of the tile
 #define WARPS 4
@@ -60,6 +61,7 @@ attention_rows(const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __res
                float* __restrict__ partial, const int* __restrict__ tiles, const int* __restrict__ block_tables,
                int table_width, int block_shift, int n_heads, int n_kv_heads, int head_dim, int row_stride,
                const int* __restrict__ split_keys) {
+    begin_after_previous();
     const int keys_per_split = split_keys ? *split_keys : 1 << 30;
     const int* tile = tiles + 4 * blockIdx.x;
     const int r = tile[0], g = blockIdx.y, z = blockIdx.z, group = n_heads / n_kv_heads;
@@ -180,6 +182,7 @@ attention_rows(const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __res
 extern "C" __global__ void __launch_bounds__(64)
 attention_combine(const float* __restrict__ partial, __nv_bfloat16* __restrict__ out, const int* __restrict__ tiles,
                   int n_heads, int head_dim, int n_splits, const int* __restrict__ split_keys) {
+    begin_after_previous();
     const int i = blockIdx.x, h = blockIdx.y, r = tiles[4 * i];
     const int used = tiles[4 * i + 3] / *split_keys + 1;
     const long long split_stride = static_cast<long long>(n_heads) * (head_dim + 2);

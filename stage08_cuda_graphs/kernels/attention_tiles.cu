@@ -53,6 +53,7 @@
 //   out (R, nh HD) bf16, the tiles' rows written (n_splits = 1); partial (n_tiles, n_splits, nh, HD + 2) f32 as in
 //   attention_rows.cu (n_splits > 1). HD = 64 or 128 (the instantiations below); G <= 64.
 #include <cuda_bf16.h>
+#include "pdl.cuh"
 
 #define TILE_M 64                 // M-rows of a block: 16 per warp
 #define TILE_N 64                 // keys of a K/V tile
@@ -261,6 +262,7 @@ __device__ __forceinline__ void attention_tile(
             const __nv_bfloat16* __restrict__ v_cache, __nv_bfloat16* __restrict__ out, float* __restrict__ partial,\
             const int* __restrict__ tiles, const int* __restrict__ block_tables, int table_width, int block_shift,  \
             int n_heads, int n_kv_heads, int row_stride, const int* __restrict__ split_keys) {                     \
+        begin_after_previous();                                                                                    \
         attention_tile<HD>(qkv, k_cache, v_cache, out, partial, tiles, block_tables, table_width, block_shift,    \
                            n_heads, n_kv_heads, row_stride, split_keys);                                           \
     }

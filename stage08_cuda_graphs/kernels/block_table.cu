@@ -8,8 +8,11 @@
 // The tables persist on the GPU from step to step (vLLM keeps them so too): a step sends what changed, not
 // every running sequence's whole table. Launch: grid ceil(n / 256), block 256.
 
+#include "pdl.cuh"
+
 extern "C" __global__ void block_table_write(int* __restrict__ block_tables, const int* __restrict__ updates,
                                              int n) {
+    begin_after_previous();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) block_tables[updates[2 * i]] = updates[2 * i + 1];
 }

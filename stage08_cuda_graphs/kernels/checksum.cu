@@ -10,9 +10,12 @@
 // Launch: grid ~ 4 blocks per SM, block 256, grid-stride loop; each warp reduces with shuffles and one lane
 // adds into *out with a 64-bit atomic (*out must be zeroed first).
 
+#include "pdl.cuh"
+
 extern "C" __global__ void checksum_u16(const unsigned short* __restrict__ words,
                                         unsigned long long n,
                                         unsigned long long* __restrict__ out) {
+    begin_after_previous();
     unsigned long long acc = 0;
     const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
     for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {

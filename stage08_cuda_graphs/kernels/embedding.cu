@@ -14,6 +14,7 @@
 // Launch: grid (T, ceil(H / (8 * blockDim.x))), block 256. blockIdx.x picks the token, blockIdx.y a slice
 // of the row, so any H and any T are covered and a short prompt still spreads over many blocks.
 #include <cuda_bf16.h>
+#include "pdl.cuh"
 
 extern "C" __global__ void embedding_gather(const int* __restrict__ ids,
                                             const int* __restrict__ prev_rows,     // null: every id is in ids
@@ -21,6 +22,7 @@ extern "C" __global__ void embedding_gather(const int* __restrict__ ids,
                                             const __nv_bfloat16* __restrict__ table,
                                             __nv_bfloat16* __restrict__ out,
                                             int hidden) {
+    begin_after_previous();
     const int t = blockIdx.x;
     const int vec = blockIdx.y * blockDim.x + threadIdx.x;   // which 8-value chunk of the row
     const int n_vec = hidden / 8;

@@ -14,19 +14,39 @@
 // run). Loads are unrolled four deep so each lane keeps 64 bytes of W in flight. split (1, 2, 4 or 8 warps a
 // column) grows with K, so a long row (down's 8192) is streamed by several warps at once instead of one warp
 // making 32 trips. The engine times it against cuBLAS per shape at start and keeps it only where it is clearly
-// faster (graphs.py), so it runs only where it wins.
+// faster (graphs.py), so it runs only where it wins. Launched early (pdl.cuh), each lane loads its first four
+// 16-byte words of weights while the kernel before (a norm, the attention) still runs: at 2 warps a column that
+// is all of qkv's 2048-long rows, so most of the stream overlaps the small kernels between two GEMMs.
 //
 // Launch: grid ceil(N / (8 / split)), block 256 (8 warps: 8 / split columns a block). One instantiation per M
 // (gemv_m1 .. gemv_m8).
 #include <cuda_bf16.h>
+#include "pdl.cuh"
 
 #define WARPS 8
 #define VEC 8
+#define PREFETCH 4     // 16-byte weight loads a lane issues before the previous kernel has finished (pdl.cuh)
 
 union Pack {                                          // 8 bf16, loaded as one 16-byte word
     uint4 word;
     __nv_bfloat162 pair[VEC / 2];
 };
+
+template <int M>       // acc[m] += the 8 weights in a . x[m, k .. k + 7]
+__device__ __forceinline__ void accumulate(float acc[M], const Pack& a, const __nv_bfloat16* __restrict__ x, int k,
+                                           int k_dim) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+        Pack b;
+        b.word = __ldg(reinterpret_cast<const uint4*>(x + static_cast<long long>(m) * k_dim + k));
+#pragma unroll
+        for (int p = 0; p < VEC / 2; ++p) {
+            const float2 wf = __bfloat1622float2(a.pair[p]), xf = __bfloat1622float2(b.pair[p]);
+            acc[m] = fmaf(wf.x, xf.x, acc[m]);
+            acc[m] = fmaf(wf.y, xf.y, acc[m]);
+        }
+    }
+}
 
 template <int M>
 __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,
@@ -36,24 +56,30 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
     const int n = blockIdx.x * (WARPS / split) + warp / split;
     const bool valid = n < n_cols;                   // every thread reaches the barrier below
     const __nv_bfloat16* row = w + static_cast<long long>(valid ? n : 0) * k_dim;
+    const int stride = VEC * 32 * split, first = VEC * (lane + 32 * part);
+    launch_dependents();
+    // the first PREFETCH loads of this lane's weights go out before the previous kernel has finished (weights
+    // are never written during a step); only x has to wait for it
+    Pack early[PREFETCH];
+#pragma unroll
+    for (int i = 0; i < PREFETCH; ++i) {
+        const int k = first + i * stride;
+        if (valid && k < k_dim) early[i].word = __ldg(reinterpret_cast<const uint4*>(row + k));
+    }
+    wait_for_inputs();
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PREFETCH; ++i) {
+        const int k = first + i * stride;
+        if (valid && k < k_dim) accumulate<M>(acc, early[i], x, k, k_dim);
+    }
 #pragma unroll 4
-    for (int k = VEC * (lane + 32 * part); valid && k < k_dim; k += VEC * 32 * split) {
+    for (int k = first + PREFETCH * stride; valid && k < k_dim; k += stride) {
         Pack a;
         a.word = __ldg(reinterpret_cast<const uint4*>(row + k));
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-            Pack b;
-            b.word = __ldg(reinterpret_cast<const uint4*>(x + static_cast<long long>(m) * k_dim + k));
-#pragma unroll
-            for (int p = 0; p < VEC / 2; ++p) {
-                const float2 wf = __bfloat1622float2(a.pair[p]), xf = __bfloat1622float2(b.pair[p]);
-                acc[m] = fmaf(wf.x, xf.x, acc[m]);
-                acc[m] = fmaf(wf.y, xf.y, acc[m]);
-            }
-        }
+        accumulate<M>(acc, a, x, k, k_dim);
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {

@@ -18,6 +18,7 @@
 // needed between the add and the scaling.
 #include <cuda_bf16.h>
 #include "block_reduce.cuh"
+#include "pdl.cuh"
 
 #define VEC 8                                         // bf16 in 16 bytes
 
@@ -50,6 +51,7 @@ __device__ void normalise_row(const __nv_bfloat16* x, const __nv_bfloat16* w, __
 
 extern "C" __global__ void rms_norm(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                     __nv_bfloat16* __restrict__ y, int hidden, float eps) {
+    begin_after_previous();
     __shared__ float scratch[32];
     const long long row = static_cast<long long>(blockIdx.x) * hidden;
     float sum_sq = 0.0f;
@@ -75,6 +77,7 @@ extern "C" __global__ void rms_norm(const __nv_bfloat16* __restrict__ x, const _
 extern "C" __global__ void add_rms_norm(__nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ d,
                                         const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ y,
                                         int hidden, float eps) {
+    begin_after_previous();
     __shared__ float scratch[32];
     const long long row = static_cast<long long>(blockIdx.x) * hidden;
     float sum_sq = 0.0f;

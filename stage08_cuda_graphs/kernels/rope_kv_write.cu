@@ -24,12 +24,14 @@
 // (head, pair) of every row is independent: one thread each, one trip to memory.
 // Launch: grid (T, ceil((nh + 2 nkv) hd/2 / 256)), block 256.
 #include <cuda_bf16.h>
+#include "pdl.cuh"
 
 extern "C" __global__ void rope_kv_write(__nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ k_cache,
                                          __nv_bfloat16* __restrict__ v_cache, const int* __restrict__ slot_mapping,
                                          const float* __restrict__ cos_table, const float* __restrict__ sin_table,
                                          const int* __restrict__ positions, int n_heads, int n_kv_heads,
                                          int head_dim, int row_stride) {
+    begin_after_previous();
     const int t = blockIdx.x, half = head_dim / 2;
     const int k = blockIdx.y * blockDim.x + threadIdx.x;
     if (k >= (n_heads + 2 * n_kv_heads) * half) return;

@@ -25,6 +25,7 @@
 // one pass (it was two, a max then the first index holding it: 33 us a row at batch 1, measured by
 // common.profile), so a batch's greedy rows cost little next to its sampled ones.
 #include "block_reduce.cuh"
+#include "pdl.cuh"
 
 #define THREADS 1024
 
@@ -46,6 +47,7 @@ extern "C" __global__ void sample_tokens(const float* __restrict__ all_logits, i
                                          const float* __restrict__ top_ps, const unsigned long long* __restrict__ seeds,
                                          const int* __restrict__ param_slots, const int* __restrict__ counters,
                                          int* __restrict__ out_ids) {
+    begin_after_previous();
     __shared__ float scratch[32];
     __shared__ int iscratch[32];
     __shared__ float chunk_start[THREADS];

@@ -7,9 +7,11 @@
 // outputs with 4-byte bf16x2 loads (I is even).
 // Launch: grid (ceil(I / 512), T), block 256.
 #include <cuda_bf16.h>
+#include "pdl.cuh"
 
 extern "C" __global__ void silu_mul(const __nv_bfloat16* __restrict__ gu, __nv_bfloat16* __restrict__ act,
                                     int inter) {
+    begin_after_previous();
     const int j = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (j >= inter) return;
     const long long t = blockIdx.y;

@@ -400,6 +400,32 @@ def test_gemv_with_any_warps_a_column_matches_numpy(kernels, rng, split, M, N, K
     assert rel_l2(read(gpu, y), xf @ wf.T) < 1e-2
 
 
+def test_kernels_launched_early_give_the_bits_of_kernels_launched_in_turn(kernels, rng):
+    """Programmatic dependent launch (kernels/pdl.cuh): a layer's chain of kernels, each reading what the one
+    before wrote and overwriting what it read, queued 24 times without a sync, gives the same bits whether each
+    kernel may start early (gemv.cu loading weights before its input is ready) or only after the one before."""
+    from ..kernels import Kernels
+
+    gpu, serial = kernels.gpu, Kernels(kernels.gpu, pdl=False)
+    H, inter = 2048, 3000
+    w_norm, _ = bf16(gpu, rng.normal(1, 0.1, H))
+    w_up, _ = bf16(gpu, rng.normal(0, 0.03, (2 * inter, H)))
+    w_down, _ = bf16(gpu, rng.normal(0, 0.03, (H, inter)))
+    x0 = f32_to_bf16(rng.normal(0, 1, (1, H)).astype(np.float32))
+    results = []
+    for k in (kernels, serial):
+        x, h, d = gpu.to_device(x0, "bf16"), gpu.empty((1, H), "bf16"), gpu.to_device(np.zeros_like(x0), "bf16")
+        gate_up, act = gpu.empty((1, 2 * inter), "bf16"), gpu.empty((1, inter), "bf16")
+        for _ in range(24):
+            k.add_rms_norm(x, d, w_norm, h, 1e-5)          # x += d, h = norm(x): reads what down wrote
+            k.gemv(h, w_up, gate_up, 2)
+            k.silu_mul(gate_up, act)
+            k.gemv(act, w_down, d, 4)                      # overwrites d, which add_rms_norm read
+        results.append(gpu.to_host(x))
+    assert np.isfinite(bf16_to_f32(results[0])).all()
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 def test_gemv_refuses_what_it_cannot_load(kernels):
     gpu = kernels.gpu
     with pytest.raises(ValueError, match="gemv"):                          # K not a multiple of 8
