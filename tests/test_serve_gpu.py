@@ -23,14 +23,17 @@ pytestmark = pytest.mark.gpu
 ONE_B, LEN = "llama-3.2-1b", 512
 
 
-@pytest.fixture(scope="module", params=["05", "newest", "newest-own-process"])
+@pytest.fixture(scope="module", params=["newest-own-process", "05", "newest"])
 def served(request):
     """The server over stage05, over the newest stage on a thread of this process, and over the newest stage in
     a process of its own (the command line's default)."""
     stage, own_process = (None if request.param.startswith("newest") else request.param,
                           request.param.endswith("process"))
-    engine = EngineProcess(build_engine, stage, ONE_B, LEN) if own_process else build_engine(stage, ONE_B, LEN)
     cls, _ = engine_class(stage)
+    # the process's engine gets a KV cache of a fixed size: its default pool would be sized from the memory this
+    # process's engines of earlier tests have not yet given back
+    engine = (EngineProcess(build_engine, stage, ONE_B, LEN, beside(cls)) if own_process
+              else build_engine(stage, ONE_B, LEN))
     running = Running(engine)
     alone = cls(ONE_B, max_model_len=LEN, max_num_seqs=1, **beside(cls))   # each request alone
     yield running, running.client(), alone
