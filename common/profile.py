@@ -206,6 +206,8 @@ def profile(stage: str, batch: int, cache_length: int, steps: int, enforce_eager
             "floor_us": sum(v for g, v in floors.items() if g not in FUSED) / (bandwidth * 1e9) * 1e6,
             "weights_floor_us": engine.checkpoint.total_bytes / (bandwidth * 1e9) * 1e6,
             "gemv_shapes": sorted(getattr(engine.model, "gemv_shapes", ())),   # (M, N, K) not through cuBLAS
+            "cublaslt_shapes": {"x".join(map(str, k)): str(a)             # (M, N, K) through a timed algorithm
+                                for k, a in getattr(engine.model, "lt_algos", {}).items()},
             "groups": groups, "steps_detail": rows}
 
 

@@ -89,6 +89,11 @@ class Engine:
                    if (m, *self.model.layers[0][name].shape) in self.model.gemv_shapes]
             print(f"gemv       in place of cuBLAS for {len(won)} of {len(self.graphs.gemm_us)} (GEMM, rows): "
                   f"{', '.join(won) or 'none'}", file=sys.stderr)
+            won = [f"{name} M={m} ({blas:.1f} -> {best:.1f} us, {algo})"
+                   for (name, m), (blas, best, algo) in self.graphs.lt_us.items()
+                   if algo is not None and self.model.lt_algos.get((m, *self.model.layers[0][name].shape)) is algo]
+            print(f"cublaslt   in place of cuBLAS for {len(won)} of {len(self.graphs.lt_us)} (GEMM, rows): "
+                  f"{', '.join(won) or 'none'}", file=sys.stderr)
         self.llm = LLMEngine(GpuRunner(self.model, self.graphs), self.prompts, B, tokens,
                              BlockManager(num_blocks, bs), async_scheduling)
 

@@ -118,6 +118,22 @@ def test_each_small_gemm_was_timed_and_the_faster_kernel_kept(engine):
     assert all(0 < blas < 1e4 and 0 < mine < 1e4 and split in GEMV_SPLITS for blas, mine, split in times.values())
 
 
+def test_every_other_gemm_was_timed_through_cublaslt_and_the_fastest_kept(engine):
+    """Every layer GEMM at every captured size that gemv.cu did not take has cuBLAS's time and its cuBLASLt
+    candidates' fastest, and the model runs that algorithm exactly where it took at most LT_GAIN of cuBLAS's."""
+    from ..graphs import LT_GAIN
+
+    m, times = engine.model, engine.graphs.lt_us
+    shapes = {name: m.layers[0][name].shape for name in ("qkv", "o", "gate_up", "down")}
+    want_keys = [(name, s) for name in shapes for s in engine.graphs.sizes if (s, *shapes[name]) not in m.gemv_shapes]
+    assert sorted(times) == sorted(want_keys)
+    want = {(s, *shapes[name]): algo for (name, s), (blas, best, algo) in times.items()
+            if best is not None and best <= LT_GAIN * blas}
+    assert m.lt_algos == want
+    assert all(0 < blas < 1e4 and (best is None or 0 < best < 1e4) for blas, best, _ in times.values())
+    print("cuBLASLt in place of cuBLAS:", {k: str(a) for k, a in m.lt_algos.items()} or "none")
+
+
 def test_a_replay_follows_the_step_s_split_of_the_keys(engine):
     """One row over 40 keys, then over 450: the graph of size 1 splits its keys as each step asks (its grid has
     the splits of max_model_len keys; past a row's keys they return), and both replays equal the eager step."""
