@@ -73,7 +73,8 @@ class LLMEngine:
         self.blocks = blocks
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, blocks, self.max_model_len)
         self.async_scheduling = async_scheduling
-        self._in_flight = None         # async: the step launched and not yet recorded, (plan, its sampled ids)
+        self._in_flight = None         # async: the step launched and not yet recorded: (plan, its sampled ids,
+        #                                its prompt rows)
         self._auto_ids = itertools.count()
         self._live: dict = {}          # request id -> how step() reports it: its text stream (a DetokenizeStream),
         #                                FINAL_ONLY, or TOKEN_IDS (no text: the caller detokenises)
@@ -137,7 +138,8 @@ class LLMEngine:
             for c in plan.chunks:
                 if c.start == 0:                   # its first chunk: (re)admitted in this schedule()
                     self.runner.admit(c.seq)
-            launched = (plan, self.runner.launch(pack(plan, self.max_model_len, self.blocks.block_size)))
+            launched = (plan, self.runner.launch(pack(plan, self.max_model_len, self.blocks.block_size)),
+                        self.scheduler.stats.prefill_rows[-1])      # its prompt rows, for the wait's account
         if self.async_scheduling:                  # record the step before while this one runs
             done, self._in_flight = self._in_flight, launched
         elif launched:
@@ -155,8 +157,10 @@ class LLMEngine:
         # the host's share of the step, all but the wait: without async scheduling the GPU sits idle through it
         # (plan, pack, record, detokenise); with it, most of it runs while the GPU works on the step launched here
         if done or launched:
-            self.scheduler.stats.host_s.append(time.perf_counter() - t2 + t1 - t0)
-            self.scheduler.stats.forward_s.append(t2 - t1)
+            stats = self.scheduler.stats
+            stats.host_s.append(time.perf_counter() - t2 + t1 - t0)
+            stats.forward_s.append(t2 - t1)
+            stats.forward_prefill_rows.append(done[2] if done else 0)   # the wait is for `done`, not this plan
         return outs
 
     def _record(self, plan, sampled) -> list[RequestOutput]:

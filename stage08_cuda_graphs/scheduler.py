@@ -89,6 +89,9 @@ class SchedulerStats:
     max_running: int = 0                                     # the most sequences running in one step
     host_s: list[float] = field(default_factory=list)        # per step: the loop's time outside the forward
     forward_s: list[float] = field(default_factory=list)     # per step: the forward, until the GPU is done
+    forward_prefill_rows: list[int] = field(default_factory=list)   # per forward_s: the prompt rows of the step
+    #                                                          waited for (with asynchronous scheduling, the one
+    #                                                          launched by the call before)
 
     @property
     def slot_waste(self) -> float:
@@ -98,7 +101,7 @@ class SchedulerStats:
     def prefill_time_share(self) -> float:
         """The share of the loop's time spent in forwards that carry prompt rows (whole prompts or chunks)."""
         total = sum(self.forward_s) + sum(self.host_s)
-        return sum(f for f, p in zip(self.forward_s, self.prefill_rows) if p) / total if total else 0.0
+        return sum(f for f, p in zip(self.forward_s, self.forward_prefill_rows) if p) / total if total else 0.0
 
     @property
     def host_time_share(self) -> float:

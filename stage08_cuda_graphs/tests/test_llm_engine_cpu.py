@@ -5,6 +5,7 @@ tokens the numpy reference engine gives it alone. Every test runs twice: without
 scheduling (the runner then gets rows whose token is the step before's sampled id, which it reads from the ids
 it sampled last, as the GPU reads them from its own)."""
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -247,3 +248,34 @@ def test_a_request_that_cannot_fit_alone_is_refused_at_add_request(reference):
         eng.add_request(list(range(1, 12)), SamplingParams(max_tokens=11))
     eng.add_request(list(range(1, 12)), SamplingParams(max_tokens=10))       # 20 positions: fits
     assert eng.num_requests() == (0, 1)
+
+
+def test_each_wait_is_counted_for_the_step_it_waited_for(reference):
+    """prefill_time_share adds up the waits for steps with prompt rows. With asynchronous scheduling a call waits
+    for the step the call before launched, so the wait must be counted for that step's rows, not for the plan
+    the call launches. A runner whose results take 30 ms for a step with prompt rows and none otherwise: the
+    waits counted as prefill add up to 30 ms for each such step."""
+    from ..graphs import is_decode_step
+
+    class Slow:
+        def __init__(self, ready, seconds):
+            self.ready, self.seconds = ready, seconds
+
+        def result(self):
+            time.sleep(self.seconds)
+            return self.ready.result()
+
+    eng, runner = engine(reference)
+    launch, prompt_steps = runner.launch, []
+
+    def slow_launch(step):
+        prompt_steps.append(not is_decode_step(step))
+        return Slow(launch(step), 0.03 if prompt_steps[-1] else 0.0)
+
+    runner.launch = slow_launch
+    eng.generate(*workload())
+    st = eng.scheduler.stats
+    counted = sum(f for f, p in zip(st.forward_s, st.forward_prefill_rows) if p)
+    assert sum(prompt_steps) >= 3 and len(st.forward_prefill_rows) == len(st.forward_s)
+    assert 0.03 * sum(prompt_steps) <= counted < 0.03 * sum(prompt_steps) + 0.5
+    assert sum(f for f, p in zip(st.forward_s, st.forward_prefill_rows) if not p) < 0.03

@@ -318,7 +318,7 @@ def test_tiny_pools_do_preempt():
 def test_time_shares_split_the_loop_between_prompt_steps_decode_steps_and_the_host():
     from ..scheduler import SchedulerStats
 
-    s = SchedulerStats(prefill_rows=[5, 0, 3, 0], forward_s=[0.4, 0.1, 0.2, 0.1], host_s=[0.05] * 4)
+    s = SchedulerStats(forward_prefill_rows=[5, 0, 3, 0], forward_s=[0.4, 0.1, 0.2, 0.1], host_s=[0.05] * 4)
     assert s.prefill_time_share == pytest.approx(0.6 / 1.0)     # forwards 0.8 s + host 0.2 s
     assert s.host_time_share == pytest.approx(0.2 / 1.0)
     assert SchedulerStats().prefill_time_share == SchedulerStats().host_time_share == 0.0
