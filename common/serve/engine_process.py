@@ -219,7 +219,8 @@ def _serve_engine(conn, factory, args) -> None:
 def _flat(outputs) -> tuple[list, list, list, dict]:
     """Only what a step added crosses the pipe, in flat lists (request ids, how many new ids each, all the new ids
     end to end, and the finish reasons of those that finished): a third of the time to pickle and unpickle that
-    one tuple a request takes, ~35 us against ~140 for 256 requests, time the engine's step would wait for."""
+    one tuple a request takes (~35 us against ~140 for 256 requests, on a development CPU): time the engine's
+    step would wait for."""
     rids, counts, ids, finished = [], [], [], {}
     for o in outputs:
         rids.append(o.request_id)
