@@ -74,6 +74,9 @@ def decode_profile() -> str:
         lines.append("| GEMMs through gemv.cu (M x N x K) | | " + " | ".join(
             "none" if _eager(p) else ", ".join("x".join(map(str, g)) for g in p["gemv_shapes"]) or "none"
             if "gemv_shapes" in p else "not recorded" for p in mine) + " |")
+        lines.append("| GEMMs through a cuBLASLt pick (M x N x K) | | " + " | ".join(
+            "none" if _eager(p) else ", ".join(p["cublaslt_shapes"]) or "none"
+            if "cublaslt_shapes" in p else "not recorded" for p in mine) + " |")
         lines.append("")
     return "\n".join(lines).rstrip()
 
