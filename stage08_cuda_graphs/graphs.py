@@ -37,8 +37,6 @@ import time
 
 import numpy as np
 
-from common.device import PinnedBuffer
-
 from .kernels import GEMV_MAX_ROWS, GEMV_SPLITS, decode_split
 from .packing import StepInputs
 
@@ -183,10 +181,6 @@ class DecodeGraphs:
         self.n_splits = {s: decode_split(s, self.keys, c.num_key_value_heads, k.sms, model.partial_rows)[0]
                          for s in self.sizes}
         self.graphs: dict = {}
-        most = max(decode_layout(s)["updates"][0] for s in self.sizes) + 2 * max(self.sizes)
-        self._pinned = [PinnedBuffer(4 * most), PinnedBuffer(4 * most)]   # two: one fills while one is read
-        self._copied = [None, None]                      # the event after each one's last copy
-        self._turn = 0
         self.capture_s, self.graph_bytes = 0.0, 0
         self.gemm_us: dict[tuple[str, int], tuple[float, float]] = {}
         self.lt_us: dict[tuple[str, int], tuple] = {}
@@ -218,7 +212,7 @@ class DecodeGraphs:
         free0, _ = self.gpu.memory()
         empty = StepInputs(*[np.zeros(0, np.int32)] * 7, np.zeros((0, 4), np.int32), np.zeros((0, 2), np.int32))
         for size in sorted(self.sizes, reverse=True):
-            self._upload(pack_decode(empty, size, self.keys))
+            self.model.copy_in(self.model.inputs, pack_decode(empty, size, self.keys))
             self.body(size)
             self.graphs[size] = self.gpu.capture(lambda size=size: self.body(size))
         self.gpu.sync()
@@ -233,18 +227,6 @@ class DecodeGraphs:
         wanted = decode_split(size, max_keys, m.config.num_key_value_heads, m.kernels.sms, m.partial_rows)[1]
         return max(wanted, 32 * -(-max_keys // (32 * self.n_splits[size])))
 
-    def _upload(self, host: np.ndarray) -> None:
-        """Copy the packed inputs into the model's inputs buffer, from the pinned buffer whose last copy is
-        done (the other may still be in flight while the host fills this one)."""
-        turn = self._turn
-        if self._copied[turn] is not None:
-            self._copied[turn].sync()
-        pinned = self._pinned[turn]
-        pinned.array[: host.nbytes] = host.view(np.uint8)
-        self.gpu.copy_to_device_async(self.model.inputs.ptr, pinned.ptr, host.nbytes)
-        self._copied[turn] = self.gpu.stream.record()
-        self._turn ^= 1
-
     def launch(self, step: StepInputs, replay: bool = True) -> int | None:
         """Queue a decode step: its inputs' copy, the block-table updates, and the graph's replay (or, with
         replay=False, the same work launched eagerly: for tests). Returns the size it ran at, or None (not a
@@ -254,7 +236,8 @@ class DecodeGraphs:
             return None
         m = self.model
         m.check_step(step)
-        self._upload(pack_decode(step, size, self.keys_per_split(size, int(step.positions.max()) + 1)))
+        m.upload_params()                              # a sequence admitted with a one-token prompt decodes at once
+        m.copy_in(m.inputs, pack_decode(step, size, self.keys_per_split(size, int(step.positions.max()) + 1)))
         u = len(step.table_updates)
         if u:
             first = decode_layout(size)["updates"][0]

@@ -37,7 +37,7 @@ import numpy as np
 
 from common.config import LlamaConfig
 from common.cublas import Cublas
-from common.device import DeviceArray, Gpu
+from common.device import DeviceArray, Gpu, PinnedBuffer
 from common.rope import rope_cos_sin
 
 from .block_manager import blocks_for
@@ -49,6 +49,9 @@ from .weights import GpuWeights
 
 PARTIAL_ROWS_PER_SEQ = 4   # flash-decoding's partials hold 4 (row, split) pairs per seq_slot: enough splits where
 #                            few rows are decoding, which is where splits are needed
+STAGING = 4                # pinned buffers the host's copies to the GPU take turns in: a step queues at most two
+#                            (its sampling parameters, its inputs), so a buffer comes round two steps later, once
+#                            the loop has read that step's ids, and refilling it does not wait
 
 
 class Model:
@@ -98,13 +101,17 @@ class Model:
         # every seq_slot's sampling parameters, written at admission: seed u64 | temperature f32 | top_k i32 |
         # top_p f32
         self.sampling = gpu.empty((20 * B,), "u8")
-        self._sampling_host = np.zeros(20 * B, np.uint8)   # its host mirror: one seq_slot is rewritten at a time
+        self._sampling_host = np.zeros(20 * B, np.uint8)   # its host mirror: one seq_slot is rewritten at a time,
+        self._params_changed = False                        # and copied with the next step's inputs
         self.seed, self.temperature = self.sampling.view(0, (B,), "u64"), self.sampling.view(8 * B, (B,), "f32")
         self.top_k, self.top_p = self.sampling.view(12 * B, (B,), "i32"), self.sampling.view(16 * B, (B,), "f32")
         self.counters = self.logit_seq_slots = self.inputs.view(0, (B,))   # set by each forward's upload
         cos, sin = rope_cos_sin(c, np.arange(L))            # (L, hd/2) each, fp32
         self.cos, self.sin = gpu.to_device(cos), gpu.to_device(sin)
         self.layers = [self._layer_weights(i) for i in range(c.num_hidden_layers)]
+        self._staging = [PinnedBuffer(max(self.inputs.nbytes, self.sampling.nbytes)) for _ in range(STAGING)]
+        self._staged = [None] * STAGING                     # the event after each one's last copy
+        self._stage_turn = 0
 
     def allocate_cache(self, num_blocks: int) -> None:
         self.cache = KVCache(self.config, num_blocks, self.block_size, self.gpu)
@@ -121,22 +128,38 @@ class Model:
         cols = buf.shape[1]
         return buf.view(first * cols * (buf.nbytes // buf.size), (n, cols))
 
-    def _copy_in(self, dst: DeviceArray, host: np.ndarray) -> None:
-        """Copy host bytes into the start of dst, through the pinned staging buffer (queued, not waited for)."""
-        stage = self.gpu.staging(host.nbytes)
-        self.gpu.sync()                                     # the staging buffer may still feed an earlier copy
+    def copy_in(self, dst: DeviceArray, host: np.ndarray) -> None:
+        """Queue the copy of host bytes into the start of dst, through the next of the pinned staging buffers.
+        A buffer is refilled once its own last copy is done: that copy's event is waited for, not the stream,
+        so the step in flight runs on while the host fills the buffer (asynchronous scheduling, llm_engine.py)."""
+        turn = self._stage_turn
+        self._stage_turn = (turn + 1) % STAGING
+        if self._staged[turn] is not None:
+            self._staged[turn].sync()
+        stage = self._staging[turn]
+        if host.nbytes > min(stage.nbytes, dst.nbytes):
+            raise ValueError(f"a copy of {host.nbytes} bytes into a {dst.nbytes}-byte buffer through "
+                             f"{stage.nbytes}-byte staging")
         stage.array[: host.nbytes] = host.reshape(-1).view(np.uint8)
         self.gpu.copy_to_device_async(dst.ptr, stage.ptr, host.nbytes)
+        self._staged[turn] = self.gpu.stream.record()
 
     def set_params(self, seq_slot: int, params, seed: int) -> None:
         """One sequence's sampling parameters into its seq_slot, written when it is admitted (the other
-        seq_slots keep theirs)."""
+        seq_slots keep theirs); they reach the GPU with the next step's inputs (upload_params)."""
         B, host = self.max_num_seqs, self._sampling_host
         host[8 * seq_slot:8 * seq_slot + 8].view(np.uint64)[0] = seed
         host[8 * B + 4 * seq_slot:8 * B + 4 * seq_slot + 4].view(np.float32)[0] = params.temperature
         host[12 * B + 4 * seq_slot:12 * B + 4 * seq_slot + 4].view(np.int32)[0] = params.top_k
         host[16 * B + 4 * seq_slot:16 * B + 4 * seq_slot + 4].view(np.float32)[0] = params.top_p
-        self._copy_in(self.sampling, host)
+        self._params_changed = True
+
+    def upload_params(self) -> None:
+        """Queue the copy of every seq_slot's sampling parameters if set_params() changed any since the last:
+        one copy for all the sequences a step admits, queued before its kernels."""
+        if self._params_changed:
+            self.copy_in(self.sampling, self._sampling_host)
+            self._params_changed = False
 
     def check_step(self, step: StepInputs, logits: DeviceArray | None = None) -> None:
         """Refuse a step whose values the kernels would read or write outside their buffers."""
@@ -165,14 +188,15 @@ class Model:
         """Queue the copy of a step's inputs to the GPU (one copy); returns the device views that run_uploaded()
         reads: tokens, positions, slot_mapping, logit_rows, attention's plan (prompt tiles, decode tiles, the
         decode tiles' split: n_splits and a view of keys_per_split), the block-table updates and prev_rows.
-        Waits for earlier GPU work first (the staging buffer is reused)."""
+        The sampling parameters of sequences admitted since the last step go first (upload_params)."""
         self.check_step(step, logits)
+        self.upload_params()
         R, n = step.num_rows, len(step.logit_rows)
         prompt, decode = plan_attention(step.chunks, self.tile_rows)
         n_splits, per_split = (decode_split(len(decode), int(decode[:, 3].max()) + 1, self.config.num_key_value_heads,
                                             self.kernels.sms, self.partial_rows) if len(decode) else (1, 0))
         updates, prev = step.table_updates, step.prev_rows
-        self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
+        self.copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
                                                   step.logit_seq_slots, step.counters, [per_split],
                                                   prompt.reshape(-1), decode.reshape(-1), updates.reshape(-1),
                                                   prev if prev is not None else []]).astype(np.int32))

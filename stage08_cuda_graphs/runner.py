@@ -1,12 +1,14 @@
 """The model as the continuous-batching loop's runner (llm_engine.py): packed rows in, sampled tokens out.
 
-    admit(seq)        the sequence's sampling parameters into its seq_slot, once, when it is admitted
+    admit(seq)        the sequence's sampling parameters into its seq_slot, once, when it is admitted (they
+                      reach the GPU with the next launch's inputs)
     launch(x) -> ids  queue a step: a step of decode rows is the replay of the captured graph of its size
                       (graphs.py), when there are graphs; any other step is one forward launched kernel by kernel
                       over the packed rows of x (packing.StepInputs), then the sampler over its logit rows, each
                       with its seq_slot's parameters. Either way the n sampled int32 ids are copied back
-                      asynchronously; ids.result() waits for them. launch() itself does not wait for the GPU on
-                      a decode step, so the loop can plan the next step while this one runs
+                      asynchronously; ids.result() waits for them. launch() itself does not wait for the GPU,
+                      on a decode step or any other (its copies take turns in pinned buffers: Model.copy_in), so
+                      the loop can plan the next step while this one runs
 """
 from __future__ import annotations
 

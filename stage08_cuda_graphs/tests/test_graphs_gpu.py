@@ -94,7 +94,7 @@ def test_padding_rows_change_no_real_row_and_write_nothing(engine):
                             ("counters", 12345)):
             host[lay[name][0] + 3] = value
         host[lay["tiles"][0] + 12:lay["tiles"][0] + 16] = [3, 1, 7, pos]   # row 3 attends seq_slot 7's table
-        g._upload(host)
+        m.copy_in(m.inputs, host)
         g.graphs[4].launch()
         logits, ids = read_back(engine, 4)
         assert np.array_equal(logits[:3], want_logits[:3]) and np.array_equal(ids[:3], want_ids[:3])
@@ -195,3 +195,37 @@ def test_graphs_and_enforce_eager_give_the_same_tokens_through_joins_aborts_and_
     assert preempted > 0 and replayed > steps // 3
     assert 1 not in graphs and 4 not in graphs and len(graphs) == 38
     assert graphs == eager
+
+
+def test_admissions_and_prompt_steps_queue_without_waiting_for_the_stream(engine, monkeypatch):
+    """The host's copies take turns in pinned staging buffers (Model.copy_in), each waiting only for its own
+    buffer's last copy: admitting 64 sequences (more than there are buffers) and queueing their prompt steps never
+    waits for the whole stream, so the step in flight runs on while the host works (asynchronous scheduling). The
+    sampling parameters set at admission reach the GPU: its copy equals the host's."""
+    syncs = []
+    monkeypatch.setattr(engine.gpu, "sync", lambda: syncs.append(1))
+    rng = np.random.default_rng(11)
+    for i in range(MAX_NUM_SEQS):
+        prompt = [128000] + rng.integers(0, 128000, int(rng.integers(1, 300))).tolist()
+        engine.add_request(prompt, SamplingParams(max_tokens=4, temperature=0.1 * (i % 9), top_k=i, seed=1000 + i))
+    while any(s.prefilling for s in engine.llm.scheduler.running) or engine.llm.scheduler.waiting:
+        engine.step()
+    monkeypatch.undo()
+    abort_all(engine)
+    assert syncs == []
+    m = engine.model
+    assert np.array_equal(m.gpu.to_host(m.sampling), m._sampling_host)
+
+
+def test_a_one_token_prompt_replays_a_graph_with_its_own_sampling_parameters(engine, monkeypatch):
+    """A request whose prompt is one token decodes from its first step, so the step that admits it replays a
+    graph: the parameters set at admission go up with the replay's inputs (upload_params), and it samples the
+    tokens the same request gets when every step runs eagerly."""
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True)
+    sizes, launch = [], engine.graphs.launch
+    monkeypatch.setattr(engine.graphs, "launch",
+                        lambda step, replay=True: sizes.append(launch(step, replay)) or sizes[-1])
+    replayed = engine.generate([[128000]], params)[0].token_ids
+    assert sizes[0] == 1                                          # the admitting step was a replay
+    monkeypatch.setattr(engine.graphs, "launch", lambda step, replay=True: None)   # every step eager
+    assert engine.generate([[128000]], params)[0].token_ids == replayed
