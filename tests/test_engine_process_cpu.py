@@ -68,6 +68,11 @@ def test_errors_and_aborts_cross_the_pipe(remote):
         remote.step()
     rid = remote.add_request("abort me", greedy(50))
     remote.step()
+    deadline = time.monotonic() + 60
+    while not remote._steps:          # a step the engine made on its own, here before the abort
+        assert time.monotonic() < deadline, "the engine made no step on its own in 60 s"
+        if remote._conn.poll(0.05):
+            remote._receive()
     remote.abort_request(rid)
     assert not remote.has_unfinished_requests()     # its outputs that had already arrived went with it
     assert remote.step() == []

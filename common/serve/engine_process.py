@@ -78,9 +78,11 @@ class EngineProcess:
     def abort_request(self, request_id) -> None:
         self._call("abort_request", request_id)
         self._tokens.pop(request_id, None)
-        for i, (kind, value) in enumerate(self._steps):   # its outputs already here are dropped with it
-            if kind == "step" and request_id in value[0]:
-                self._steps[i] = (kind, _without(value, request_id))
+        # its outputs already here are dropped with it, and a step left with none goes too: it would keep
+        # has_unfinished_requests() true for an engine with nothing left to run
+        steps = [(kind, _without(value, request_id) if kind == "step" and request_id in value[0] else value)
+                 for kind, value in self._steps]
+        self._steps = [(kind, value) for kind, value in steps if kind != "step" or value[0]]
 
     def step(self) -> list[RequestOutput]:
         """Every step the engine made since the last call (waiting for one if there is none yet), merged: one
