@@ -62,6 +62,11 @@ class CublasLt:
         self._layouts: dict[tuple, int] = {}
         self._alpha, self._beta = np.ones(1, np.float32), np.zeros(1, np.float32)
 
+    @property
+    def version(self) -> int:
+        """cuBLASLt's version: its heuristic's ranking of the candidates depends on it."""
+        return int(self._lt.get_version())
+
     def _layout(self, dtype: str, rows: int, cols: int) -> int:
         key = (dtype, rows, cols)
         if key not in self._layouts:

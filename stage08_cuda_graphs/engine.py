@@ -81,9 +81,11 @@ class Engine:
         self.graphs = None if enforce_eager else DecodeGraphs(self.model)
         if self.graphs is not None:                  # after the cache: the graphs hold its address
             self.graphs.capture()
-            print(f"cuda graphs {len(self.graphs.sizes)} decode batch sizes {self.graphs.sizes[0]}.."
-                  f"{self.graphs.sizes[-1]} captured in {self.graphs.capture_s:.2f} s, "
-                  f"{self.graphs.graph_bytes / 2**20:.1f} MiB", file=sys.stderr)
+            g = self.graphs
+            print(f"cuda graphs {len(g.sizes)} decode batch sizes {g.sizes[0]}..{g.sizes[-1]} captured in "
+                  f"{g.capture_s:.2f} s, {g.graph_bytes / 2**20:.1f} MiB; GEMMs timed now: {g.timed_now} of "
+                  f"{len(g.gemm_us) + len(g.lt_us)}, the others as timed before on this machine ({g.timings_file})",
+                  file=sys.stderr)
             won = [f"{name} M={m} ({blas:.1f} -> {mine:.1f} us, {split} warps a column)"
                    for (name, m), (blas, mine, split) in self.graphs.gemm_us.items()
                    if (m, *self.model.layers[0][name].shape) in self.model.gemv_shapes]

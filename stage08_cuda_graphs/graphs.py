@@ -21,7 +21,8 @@ only streams the weights) with 1, 2, 4 and 8 warps a column, from graphs of all 
 the weights come from HBM, not L2, and no launch gap is timed); gemv.cu's fastest is captured where it takes at
 most GEMV_GAIN of cuBLAS's time (pick_gemms). Every layer GEMM gemv.cu did not take, at every captured size, is then
 timed through each of cuBLASLt's ranked algorithms for its shape against cuBLAS's own choice, and the fastest is
-captured where it takes at most LT_GAIN of that time (pick_lt_algos).
+captured where it takes at most LT_GAIN of that time (pick_lt_algos). Each shape is timed once per machine: the
+times are kept on disk (gemm_timings.py), so every later engine takes the same kernels and gives the same bits.
 
 Only steps of decode rows replay; a step with a prompt chunk runs eagerly (its shapes vary with the chunk), as
 vLLM's first engine did. Block-table updates, which vary in number, are written by their kernel before the replay.
@@ -37,6 +38,8 @@ import time
 
 import numpy as np
 
+from .cublaslt import CANDIDATES
+from .gemm_timings import GemmTimings
 from .kernels import GEMV_MAX_ROWS, GEMV_SPLITS, decode_split
 from .packing import StepInputs
 
@@ -69,13 +72,13 @@ def gpu_us(gpu, work, repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def pick_gemms(model, rows: list[int]) -> dict[tuple[str, int], tuple[float, float, int]]:
+def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, int], tuple[float, float, int]]:
     """For each layer GEMM (qkv, o, gate_up, down) and each M in `rows` up to GEMV_MAX_ROWS: the GPU time of
     one, through cuBLAS and through gemv.cu at each of GEMV_SPLITS warps a column (those that give every lane a
     load), each the mean over every layer's weights of that name (a pass over them all: the weights stream from
-    HBM as in a step). Where gemv.cu's fastest takes at most GEMV_GAIN of cuBLAS's time, model.gemv_shapes maps
-    its (M, N, K) to that split and model.linear() uses it from then on. Returns (name, M) -> (cuBLAS us, gemv
-    us, its warps a column)."""
+    HBM as in a step), or the times `timings` kept from an earlier engine on this machine. Where gemv.cu's
+    fastest takes at most GEMV_GAIN of cuBLAS's time, model.gemv_shapes maps its (M, N, K) to that split and
+    model.linear() uses it from then on. Returns (name, M) -> (cuBLAS us, gemv us, its warps a column)."""
     times = {}
     for name, (src, dst) in GEMM_BUFFERS.items():
         weights = [layer[name] for layer in model.layers]
@@ -83,23 +86,27 @@ def pick_gemms(model, rows: list[int]) -> dict[tuple[str, int], tuple[float, flo
         if K % 8 or any(w.ptr % 16 for w in weights):   # gemv.cu's 16-byte loads cannot take them
             continue
         for m in (r for r in rows if r <= GEMV_MAX_ROWS):
-            x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
-            model.gpu.fill_bytes(x, 0)
-            blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, w, y) for w in weights]) / L
-            mine, split = min((gpu_us(model.gpu, lambda: [model.kernels.gemv(x, w, y, s) for w in weights]) / L, s)
-                              for s in GEMV_SPLITS if s == 1 or K >= 8 * 32 * s)
+            if (kept := timings.get("gemv", (m, N, K, L))) is None:
+                x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
+                model.gpu.fill_bytes(x, 0)
+                blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, w, y) for w in weights]) / L
+                mine, split = min((gpu_us(model.gpu, lambda: [model.kernels.gemv(x, w, y, s) for w in weights]) / L,
+                                   s) for s in GEMV_SPLITS if s == 1 or K >= 8 * 32 * s)
+                timings.put("gemv", (m, N, K, L), kept := [blas, mine, split])
+            blas, mine, split = kept
             times[(name, m)] = (blas, mine, split)
             if mine <= GEMV_GAIN * blas:
                 model.gemv_shapes[(m, N, K)] = split
     return times
 
 
-def pick_lt_algos(model, rows: list[int]) -> dict[tuple[str, int], tuple[float, float | None, object]]:
+def pick_lt_algos(model, rows: list[int], timings: GemmTimings
+                  ) -> dict[tuple[str, int], tuple[float, float | None, object]]:
     """For each layer GEMM and each M in `rows` that gemv.cu did not take (pick_gemms first): cuBLAS's gemm_ex
     against each of the cuBLASLt heuristic's ranked algorithms (cublaslt.CANDIDATES of them), timed as
-    pick_gemms times. Where the fastest takes at most LT_GAIN of gemm_ex's time, model.lt_algos maps its
-    (M, N, K) to it. Returns (name, M) -> (gemm_ex us, the fastest candidate's us, that Algo); None, None where
-    the heuristic offered none."""
+    pick_gemms times, or as `timings` kept them (the fastest's rank in the heuristic's list). Where the fastest
+    takes at most LT_GAIN of gemm_ex's time, model.lt_algos maps its (M, N, K) to it. Returns (name, M) ->
+    (gemm_ex us, the fastest candidate's us, that Algo); None, None where the heuristic offered none."""
     times = {}
     for name, (src, dst) in GEMM_BUFFERS.items():
         weights = [layer[name] for layer in model.layers]
@@ -108,11 +115,20 @@ def pick_lt_algos(model, rows: list[int]) -> dict[tuple[str, int], tuple[float, 
             if (m, N, K) in model.gemv_shapes:
                 continue
             x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
-            model.gpu.fill_bytes(x, 0)
-            blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, w, y) for w in weights]) / L
-            timed = [(gpu_us(model.gpu, lambda a=a: [model.lt.linear(x, w, y, a) for w in weights]) / L, a.rank, a)
-                     for a in model.lt.candidates(m, N, K, y.dtype)]
-            best, _, algo = min(timed, key=lambda t: t[:2], default=(None, None, None))
+            candidates = model.lt.candidates(m, N, K, y.dtype)
+            kept = timings.get("cublaslt", (m, N, K, L))
+            if kept is not None:
+                blas, best, rank = kept
+                algo = next((a for a in candidates if a.rank == rank), None)
+                if rank is not None and algo is None:    # the heuristic offers it no more: time again
+                    kept = None
+            if kept is None:
+                model.gpu.fill_bytes(x, 0)
+                blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, w, y) for w in weights]) / L
+                timed = [(gpu_us(model.gpu, lambda a=a: [model.lt.linear(x, w, y, a) for w in weights]) / L,
+                          a.rank, a) for a in candidates]
+                best, _, algo = min(timed, key=lambda t: t[:2], default=(None, None, None))
+                timings.put("cublaslt", (m, N, K, L), [blas, best, algo.rank if algo else None])
             times[(name, m)] = (blas, best, algo)
             if best is not None and best <= LT_GAIN * blas:
                 model.lt_algos[(m, N, K)] = algo
@@ -182,6 +198,7 @@ class DecodeGraphs:
                          for s in self.sizes}
         self.graphs: dict = {}
         self.capture_s, self.graph_bytes = 0.0, 0
+        self.timed_now, self.timings_file = 0, None     # GEMM shapes timed by this engine; where the times are kept
         self.gemm_us: dict[tuple[str, int], tuple[float, float]] = {}
         self.lt_us: dict[tuple[str, int], tuple] = {}
 
@@ -207,8 +224,11 @@ class DecodeGraphs:
         capture a graph for every size, largest first, each after one eager run of the same work (cuBLAS and the
         launch configurations set themselves up outside the capture), on inputs of padding rows only."""
         t0 = time.perf_counter()
-        self.gemm_us = pick_gemms(self.model, self.sizes)
-        self.lt_us = pick_lt_algos(self.model, self.sizes)
+        timings = GemmTimings.for_model(self.model, GEMV_SPLITS, CANDIDATES)
+        self.gemm_us = pick_gemms(self.model, self.sizes, timings)
+        self.lt_us = pick_lt_algos(self.model, self.sizes, timings)
+        self.timed_now, self.timings_file = len(timings.new), timings.path
+        timings.save()
         free0, _ = self.gpu.memory()
         empty = StepInputs(*[np.zeros(0, np.int32)] * 7, np.zeros((0, 4), np.int32), np.zeros((0, 2), np.int32))
         for size in sorted(self.sizes, reverse=True):

@@ -229,3 +229,18 @@ def test_a_one_token_prompt_replays_a_graph_with_its_own_sampling_parameters(eng
     assert sizes[0] == 1                                          # the admitting step was a replay
     monkeypatch.setattr(engine.graphs, "launch", lambda step, replay=True: None)   # every step eager
     assert engine.generate([[128000]], params)[0].token_ids == replayed
+
+
+def test_a_second_engine_takes_the_kernels_the_first_timed(tiny_dir, engine):
+    """The GEMM timings are kept per machine (gemm_timings.py): an engine started after the module's times
+    nothing the first one timed, and takes the same kernels and the same cuBLASLt algorithms (so the same bits)."""
+    from .. import Engine
+
+    e = Engine(str(tiny_dir), max_model_len=512, max_num_seqs=8, num_gpu_blocks=256)
+    try:
+        assert e.graphs.timed_now == 0 and e.graphs.timings_file == engine.graphs.timings_file
+        assert e.model.gemv_shapes == {k: v for k, v in engine.model.gemv_shapes.items() if k[0] <= 8}
+        ranks = {k: a.rank for k, a in engine.model.lt_algos.items() if k[0] <= 8}
+        assert {k: a.rank for k, a in e.model.lt_algos.items()} == ranks
+    finally:
+        del e
