@@ -5,7 +5,6 @@ tokens the numpy reference engine gives it alone. Every test runs twice: without
 scheduling (the runner then gets rows whose token is the step before's sampled id, which it reads from the ids
 it sampled last, as the GPU reads them from its own)."""
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -250,32 +249,47 @@ def test_a_request_that_cannot_fit_alone_is_refused_at_add_request(reference):
     assert eng.num_requests() == (0, 1)
 
 
-def test_each_wait_is_counted_for_the_step_it_waited_for(reference):
+class FakeClock:
+    """The engine module's `time`: perf_counter stands still except while a step's results are waited for, so
+    the waits the engine counts are exact, whatever the load on the machine."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_each_wait_is_counted_for_the_step_it_waited_for(reference, monkeypatch):
     """prefill_time_share adds up the waits for steps with prompt rows. With asynchronous scheduling a call waits
     for the step the call before launched, so the wait must be counted for that step's rows, not for the plan
-    the call launches. A runner whose results take 30 ms for a step with prompt rows and none otherwise: the
-    waits counted as prefill add up to 30 ms for each such step."""
+    the call launches. On a fake clock the k-th step launched takes k seconds to give its results: every
+    step's wait is counted once, and as prefill exactly when that step had prompt rows."""
     from ..graphs import is_decode_step
 
-    class Slow:
+    clock = FakeClock()
+    monkeypatch.setattr(sys.modules[LLMEngine.__module__], "time", clock)
+
+    class Waited:
         def __init__(self, ready, seconds):
             self.ready, self.seconds = ready, seconds
 
         def result(self):
-            time.sleep(self.seconds)
+            clock.now, self.seconds = clock.now + self.seconds, 0.0     # a second result() waits no more
             return self.ready.result()
 
     eng, runner = engine(reference)
     launch, prompt_steps = runner.launch, []
 
-    def slow_launch(step):
+    def timed_launch(step):
         prompt_steps.append(not is_decode_step(step))
-        return Slow(launch(step), 0.03 if prompt_steps[-1] else 0.0)
+        return Waited(launch(step), float(len(prompt_steps)))
 
-    runner.launch = slow_launch
+    runner.launch = timed_launch
     eng.generate(*workload())
     st = eng.scheduler.stats
-    counted = sum(f for f, p in zip(st.forward_s, st.forward_prefill_rows) if p)
-    assert sum(prompt_steps) >= 3 and len(st.forward_prefill_rows) == len(st.forward_s)
-    assert 0.03 * sum(prompt_steps) <= counted < 0.03 * sum(prompt_steps) + 0.5
-    assert sum(f for f, p in zip(st.forward_s, st.forward_prefill_rows) if not p) < 0.03
+    assert 3 <= sum(prompt_steps) < len(prompt_steps) and len(st.forward_prefill_rows) == len(st.forward_s)
+    waits = [(int(f), p) for f, p in zip(st.forward_s, st.forward_prefill_rows) if f]   # (k, its prompt rows)
+    assert sorted(k for k, _ in waits) == list(range(1, len(prompt_steps) + 1))         # each step's, once
+    assert [bool(p) for _, p in waits] == [prompt_steps[k - 1] for k, _ in waits]      # prefill: its own rows
+    assert not any(p for f, p in zip(st.forward_s, st.forward_prefill_rows) if not f)  # no wait, nothing counted
