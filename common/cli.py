@@ -1,15 +1,18 @@
 """The command line of every generating stage: `python -m <stage> [--model DIR|PRESET] --prompt TEXT [--chat]
 [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--max-model-len L] [--verbose]`.
 
-Text is streamed as it is generated. Without --model: the embedded 1B-shape synthetic checkpoint on a GPU, the
-tiny preset without one. Without a GPU the same request runs through the numpy reference engine, on the model
-given: a given model is validated exactly as on a GPU and never swapped for another.
+Text is streamed as it is generated; on a terminal, control characters other than newline and tab are shown
+escaped (random weights generate any byte, and a raw ESC would drive the terminal). Without --model: the embedded
+1B-shape synthetic checkpoint on a GPU, the tiny preset without one (default_model, for every stage's CLI). Without
+a GPU the same request runs through the numpy reference engine, on the model given: a given model is validated
+exactly as on a GPU and never swapped for another.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+import unicodedata
 from typing import Callable
 
 from common.checkpoint import Checkpoint, CheckpointError
@@ -24,7 +27,15 @@ NO_GPU_PRESET = "tiny"
 LARGE_FOR_NUMPY = 100_000_000   # parameters: above this the numpy reference takes seconds per token
 FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
          "seed": "--seed"}     # SamplingParams field -> the flag a user typed
-USER_ERRORS = (CheckpointError, ConfigError, PromptError, SamplingParamsError, TokenizerError, GpuMemoryError)
+
+
+class FlagError(ValueError):
+    """A flag's value the command cannot use; the message names the flag."""
+
+
+UNPRINTABLE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}   # Unicode categories a terminal may act on or mangle
+USER_ERRORS = (CheckpointError, ConfigError, FlagError, PromptError, SamplingParamsError, TokenizerError,
+               GpuMemoryError)
 
 
 def no_gpu_line(what: str, verbose: bool) -> str:
@@ -34,15 +45,41 @@ def no_gpu_line(what: str, verbose: bool) -> str:
     return f"no GPU ({why}): {what}" + (f"\n  detail: {detail}" if verbose else "")
 
 
+def default_model(model: str | None, on_gpu: bool) -> str:
+    """--model as given; without it the 1B-shape preset on a GPU and the tiny one without (what --help says)."""
+    return model or (DEFAULT_PRESET if on_gpu else NO_GPU_PRESET)
+
+
 def add_model_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help=f"checkpoint folder or preset ({', '.join(PRESETS)}); default: "
-                    f"{DEFAULT_PRESET} on a GPU, {NO_GPU_PRESET} without one")
+                    f"{DEFAULT_PRESET} on a GPU, {NO_GPU_PRESET} without one (synthetic, random weights)")
     ap.add_argument("--verbose", action="store_true", help="say more about what was found (the GPU probe)")
+
+
+def utf8_text(flag: str, value: str) -> str:
+    """`value` as given, or a FlagError naming the flag when it is not valid UTF-8: Python hands argv bytes it
+    cannot decode over as lone surrogates (U+DC80..U+DCFF), which the tokenizer refuses with a TypeError."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(value[e.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise FlagError(f"{flag}: not valid UTF-8 text ({what} at character {e.start})") from None
+    return value
+
+
+def for_terminal(text: str) -> str:
+    """`text` with control, format and separator characters other than newline and tab escaped (ESC -> \\x1b,
+    CR -> \\r, U+202E -> \\u202e): what a terminal shows as text instead of obeying."""
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in UNPRINTABLE
+                   else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
 
 
 def announce_preset(model: str) -> None:
     if model in PRESETS:
-        print(f"[{model}] synthetic checkpoint: random weights (meaningless text, real shapes and speed)")
+        shape = "the Llama 3.2 1B shape: real speed" if model == DEFAULT_PRESET else "a smaller shape than 1B"
+        print(f"[{model}] synthetic checkpoint: random weights (meaningless text; {shape})")
 
 
 def sampling_params(args) -> SamplingParams:
@@ -69,8 +106,10 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
     ap.add_argument("--max-model-len", type=int, default=None)
     args = ap.parse_args(argv)
     on_gpu = probe_gpu()[0]
-    model = args.model or (DEFAULT_PRESET if on_gpu else NO_GPU_PRESET)
+    model = default_model(args.model, on_gpu)
+    show = for_terminal if sys.stdout.isatty() else str      # a pipe or file gets the text as generated
     try:
+        utf8_text("--prompt", args.prompt)
         params = sampling_params(args)
         if not on_gpu:
             print(no_gpu_line(f"running the numpy reference engine on {model} instead", args.verbose))
@@ -84,7 +123,7 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
         text = tok.stream()
         start, n, reason = time.perf_counter(), 0, None
         for token, reason in engine.stream(prompt, params):
-            print(text.step(token), end="", flush=True)
+            print(show(text.step(token)), end="", flush=True)
             n += 1
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

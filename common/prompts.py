@@ -17,7 +17,8 @@ class PromptPreparer:
     def __init__(self, folder: str | Path, config: LlamaConfig, max_model_len: int | None = None):
         self.config = config
         self.tokenizer = Tokenizer(folder)
-        self.max_model_len = max_model_len or min(config.max_position_embeddings, 4096)
+        # None is "the default"; 0 is a value like any other, and refused below
+        self.max_model_len = min(config.max_position_embeddings, 4096) if max_model_len is None else max_model_len
         if not 1 < self.max_model_len <= config.max_position_embeddings:
             raise PromptError(f"max_model_len={self.max_model_len} must be in [2, max_position_embeddings="
                               f"{config.max_position_embeddings}]")

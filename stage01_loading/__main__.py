@@ -10,10 +10,10 @@ import time
 import numpy as np
 
 from common.checkpoint import Checkpoint, CheckpointError
-from common.cli import add_model_flags, announce_preset, no_gpu_line
+from common.cli import FlagError, add_model_flags, announce_preset, default_model, no_gpu_line, utf8_text
 from common.config import ConfigError
 from common.device import has_gpu
-from common.synthetic import DEFAULT_PRESET, resolve_model
+from common.synthetic import resolve_model
 from common.tokenizer import Tokenizer, TokenizerError
 
 
@@ -47,16 +47,17 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", help="tokenize this and gather its embedding rows (the stage's one kernel)")
     ap.add_argument("--chat", action="store_true", help="wrap --prompt in the Llama 3.2 Instruct chat template")
     args = ap.parse_args(argv)
-    model = args.model or DEFAULT_PRESET      # validating needs no GPU: the default is the same on any machine
+    ok, _ = has_gpu()
+    model = default_model(args.model, ok)     # as every stage's: tiny without a GPU, not 2.47 GB to validate
     announce_preset(model)
     try:
+        prompt = utf8_text("--prompt", args.prompt) if args.prompt is not None else None
         ckpt = Checkpoint(resolve_model(model))
-        ids = prompt_ids(ckpt.folder, args.prompt, args.chat) if args.prompt is not None else None
-    except (CheckpointError, ConfigError, TokenizerError) as e:
+        ids = prompt_ids(ckpt.folder, prompt, args.chat) if prompt is not None else None
+    except (CheckpointError, ConfigError, FlagError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print("\n".join(model_card(ckpt)))
-    ok, _ = has_gpu()
     if not ok:
         print(no_gpu_line("checkpoint validated on the CPU; nothing was loaded onto a device", args.verbose))
         if ids is not None:

@@ -1,5 +1,7 @@
 """python -m <this stage> streams generated text; without a GPU through the numpy reference, on the model given."""
+import io
 import shutil
+import sys
 
 import pytest
 
@@ -21,6 +23,45 @@ def test_prompt_longer_than_max_model_len_is_one_clear_line(tiny_dir, capsys):
     assert main(["--model", str(tiny_dir), "--prompt", "word " * 40, "--max-model-len", "16"]) == 2
     err = capsys.readouterr().err
     assert "does not fit max_model_len=16" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["0", "1", "-3"])
+def test_max_model_len_below_two_is_refused_in_one_line(tiny_dir, capsys, value):
+    """0 was taken as "the default" (a falsy check) while 1 and -3 were refused."""
+    assert main(["--model", str(tiny_dir), "--prompt", "hi", "--max-tokens", "1", "--max-model-len", value]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"error: max_model_len={value} must be in [2, max_position_embeddings=131072]\n", err
+    assert "tokens in" not in out
+
+
+def test_prompt_that_is_not_utf8_is_one_line_naming_the_flag(tiny_dir, capsys):
+    """A shell's $'\\xff\\xfe bad' reaches Python as lone surrogates; the tokenizer raised a TypeError on them."""
+    assert main(["--model", str(tiny_dir), "--prompt", "\udcff\udcfe bad", "--max-tokens", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert err == "error: --prompt: not valid UTF-8 text (byte 0xff at character 0)\n", err
+    assert "tokens in" not in out
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream", [io.StringIO, Terminal])
+def test_control_characters_are_escaped_on_a_terminal_only(tiny_dir, monkeypatch, stream):
+    """Random weights generate any byte: on a terminal ESC, CR, SO and a bidi override are shown escaped (newline
+    and tab kept); a pipe or file gets the text unchanged."""
+    generated = "\x1b[2J\r\x0e\u202eok\tend\n"
+    monkeypatch.setattr("common.tokenizer.DetokenizeStream.step", lambda self, token: generated)
+    out = stream()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["--model", str(tiny_dir), "--prompt", "hi", "--max-tokens", "2", "--temperature", "0"]) == 0
+    text = out.getvalue()
+    if stream is Terminal:
+        assert "\\x1b[2J\\r\\x0e\\u202eok\tend\n" * 2 in text
+        assert not {"\x1b", "\r", "\x0e", "\u202e"} & set(text), text
+    else:
+        assert generated * 2 in text
 
 
 @pytest.mark.parametrize("flag, value, why", [("--top-p", "0", "must be in (0, 1]"),
