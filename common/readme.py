@@ -8,6 +8,7 @@ of GENERATORS below (data-driven, naming no stage), or, in a stage's chapter, on
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import re
@@ -256,18 +257,23 @@ def readmes() -> list[Path]:
 
 
 def main(argv=None) -> int:
-    check = "--check" in (argv if argv is not None else sys.argv[1:])
-    stale = []
+    ap = argparse.ArgumentParser(prog="python -m common.readme", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a README is out of date")
+    check = ap.parse_args(argv).check
+    stale, blocks = [], 0
     for path in readmes():
         old = path.read_text()
         new = render(old, path)
+        blocks += len(BLOCK.findall(old))
         if new != old:
-            stale.append(path)
+            stale.append(str(path.relative_to(ROOT)))
             if not check:
                 path.write_text(new)
+    checked = f"{blocks} generated blocks in {len(readmes())} READMEs"
     if check and stale:
-        print("out of date (run python -m common.readme): " + ", ".join(str(p.relative_to(ROOT)) for p in stale))
+        print("out of date (run python -m common.readme): " + ", ".join(stale))
         return 1
+    print(f"up to date: {checked}" if not stale else f"rewrote {', '.join(stale)} ({checked})")
     return 0
 
 

@@ -11,6 +11,7 @@ pixel-exact redraw.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import sys
@@ -179,19 +180,25 @@ def chart_is_current(data: dict, path: Path = CHART) -> bool:
 def main(argv=None) -> int:
     from common import readme
 
-    check = "--check" in (argv if argv is not None else sys.argv[1:])
+    ap = argparse.ArgumentParser(prog="python -m common.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 if the README's generated blocks or the chart are stale")
+    check = ap.parse_args(argv).check
     data = chart_data()
     path = ROOT / "README.md"
     old = path.read_text()
     new = readme.render(old)
     stale = ([] if new == old else ["README.md"]) + ([] if chart_is_current(data) else [str(CHART.relative_to(ROOT))])
-    if check:
-        if stale:
-            print("out of date (run python -m common.report): " + ", ".join(stale))
-        return 1 if stale else 0
-    path.write_text(new)
-    if not chart_is_current(data):
+    checked = (f"README.md's generated blocks and {CHART.relative_to(ROOT)} (digest {digest(data)}), from "
+               f"{len(list(RESULTS.glob('*.json')))} result files in {RESULTS.relative_to(ROOT)}")
+    if check and stale:
+        print("out of date (run python -m common.report): " + ", ".join(stale))
+        return 1
+    if not check and new != old:
+        path.write_text(new)
+    if not check and not chart_is_current(data):
         draw(data, CHART)
+    print(f"up to date: {checked}" if not stale else f"rewrote {', '.join(stale)}: {checked}")
     return 0
 
 

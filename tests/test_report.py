@@ -1,4 +1,8 @@
 """The README's cross-stage table and benchmarks/report.png are generated from the committed results."""
+from pathlib import Path
+
+import pytest
+
 from common import report
 
 
@@ -24,3 +28,23 @@ def test_chart_digest_follows_the_data():
     data = report.chart_data()
     changed = dict(data, floor_ms=(data["floor_ms"] or 0) + 1)
     assert report.digest(data) != report.digest(changed)
+
+
+def test_check_says_what_it_found_up_to_date(capsys):
+    assert report.main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("up to date: README.md's generated blocks and benchmarks/report.png"), out
+
+
+@pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--chek"], 2)])
+def test_help_and_a_typo_write_nothing(argv, code, capsys, monkeypatch):
+    """Any argument but --check was taken as "regenerate": --help rewrote the README and the chart."""
+    written = []
+    monkeypatch.setattr(Path, "write_text", lambda self, *a, **k: written.append(self))
+    monkeypatch.setattr(report, "draw", lambda data, path: written.append(path))
+    with pytest.raises(SystemExit) as exit_:
+        report.main(argv)
+    assert exit_.value.code == code and written == []
+    if code:
+        err = capsys.readouterr().err
+        assert err.splitlines()[-1] == "python -m common.report: error: unrecognized arguments: --chek", err
