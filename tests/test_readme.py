@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,15 @@ def test_every_stage_readme_has_its_chapter_parts():
         text = path.read_text()
         for part in ("```lineage", "diff -ru", "## Measured", "## Caveats"):
             assert part in text, f"{path} lacks {part!r}"
+
+
+NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+
+
+def test_package_description_counts_no_stages_it_lacks():
+    """pyproject's description said "seven stages" with eight in the tree: a count there must be the tree's."""
+    text = (readme.ROOT / "pyproject.toml").read_text()
+    description = re.search(r'^description = "(.*)"$', text, re.M).group(1).lower()
+    stages = len(list(readme.ROOT.glob("stage[0-9][0-9]_*/__init__.py")))
+    counts = [w for w in re.findall(r"\b(\w+) stages\b", description) if w in NUMBERS or w.isdigit()]
+    assert all(w in (NUMBERS[stages], str(stages)) for w in counts), (description, f"{stages} stages in the tree")
