@@ -21,6 +21,10 @@ caller asserts the logits tolerance (rel_l2 < 2e-2) first. tests/test_greedy_rul
 Where the generating runs computed their rows in other batch shapes than the teacher-forced logits (a run whose
 batch changes step by step), the caller measures how far the later engine's own logits move with the batch
 shape and passes that as `noise`: the bound is then 2 max(max |got − want|, noise).
+
+Property tests (CPU, every stage's scheduler and block manager) run one check over many seeds: `for_each_seed`
+loops over them in one test and fails naming the smallest seed that fails, and `seed_ranges` gives such a test
+a few hundred seeds in every run and the whole range under the `slow` marker.
 """
 from __future__ import annotations
 
@@ -107,3 +111,35 @@ def mixed_greedy_requests(n: int, seed: int = 0):
     params = [SamplingParams(max_tokens=int(rng.integers(1, 40)), temperature=0.0, ignore_eos=True)
               for _ in range(n)]
     return prompts, params
+
+
+def for_each_seed(seeds, check) -> list:
+    """check(seed) for every seed, smallest first; return its results in that order. Where any fails (an
+    assertion, any other error, or pytest.raises/pytest.fail inside it), raise one AssertionError naming the
+    smallest failing seed and its error (chained, so its traceback shows), and how many seeds failed: one test
+    case over hundreds of seeds, and the seed to rerun first."""
+    import pytest
+
+    results, failures = [], []
+    for seed in sorted(seeds):
+        try:
+            results.append(check(seed))
+        except (Exception, pytest.fail.Exception) as e:
+            failures.append((seed, e))
+    if failures:
+        seed, err = failures[0]
+        others = ", ".join(str(s) for s, _ in failures[1:6]) + (", ..." if len(failures) > 6 else "")
+        raise AssertionError(f"seed {seed} fails, the smallest of {len(failures)} failing seeds of "
+                             f"{len(results) + len(failures)}{f' (then {others})' if others else ''}: "
+                             f"{type(err).__name__}: {err}") from err
+    return results
+
+
+def seed_ranges(default: int, full: int):
+    """Parametrise a property test over `seeds`: range(default) in every run, range(full) under the `slow`
+    marker (deselected unless asked for: python -m pytest -m slow)."""
+    import pytest
+
+    return pytest.mark.parametrize("seeds", [
+        pytest.param(range(default), id=f"first-{default}-seeds"),
+        pytest.param(range(full), id=f"all-{full}-seeds", marks=pytest.mark.slow)])

@@ -1,10 +1,12 @@
 """CPU: the scheduler plans every step within its budgets, first come first served, with chunked prefill, seq_slot
-reuse and aborts; and a randomised property test over thousands of seeded arrival / finish / abort patterns."""
+reuse and aborts; and a randomised property test over seeded arrival / finish / abort patterns (a few hundred
+seeds in every run, thousands under the slow marker)."""
 import numpy as np
 import pytest
 
 from common.outputs import Timing
 from common.sampling import SamplingParams
+from common.testing import for_each_seed, seed_ranges
 
 from ..scheduler import Scheduler, SchedulerError
 from ..sequence import Sequence, SequenceStatus
@@ -107,8 +109,12 @@ def test_abort_between_schedule_and_update_drops_the_rows():
     assert advanced == [b] and a.new == [] and b.new == [6]
 
 
-@pytest.mark.parametrize("seed", range(2000))
-def test_random_arrivals_finishes_and_aborts(seed):
+@seed_ranges(300, 2000)
+def test_random_arrivals_finishes_and_aborts(seeds):
+    for_each_seed(seeds, random_arrivals)
+
+
+def random_arrivals(seed):
     """Invariants on every step of a random workload: the budgets hold, no seq_slot is held twice, admission is
     first come first served; at the end every request finished exactly once, within a bounded number of steps,
     with as many tokens as its finish allows, and every seq_slot is free."""
