@@ -41,12 +41,23 @@ def generated_per_s(benchmark, outs_of_last_run) -> float:
     return sum(len(o.token_ids) for o in outs_of_last_run) / benchmark.stats.stats.median
 
 
+def assert_each_request_got_its_tokens(outs, params):
+    """What output tok/s counts: every request (greedy, ignore_eos) generated exactly its max_tokens."""
+    assert len(outs) == len(params)
+    for i, (o, p) in enumerate(zip(outs, params)):
+        assert len(o.token_ids) == p.max_tokens and o.finish_reason == "length", \
+            f"request {i}: {len(o.token_ids)} of {p.max_tokens} tokens, finish_reason {o.finish_reason!r}"
+
+
 @pytest.mark.parametrize("B", [1, 8, 32, 64])
 def test_batch(benchmark, engine, B):
     prompts, params = zip(*make_requests("batch")[:B])
     outs = []
     benchmark.pedantic(lambda: outs.append(engine.generate(list(prompts), list(params))), rounds=3,
                        warmup_rounds=1)
+    assert outs
+    for run in outs:                                               # the warm-up too: the same work each round
+        assert_each_request_got_its_tokens(run, params)
     record(benchmark, batch_size=B, output_tok_per_s=generated_per_s(benchmark, outs[-1]),
            slot_waste=engine.stats.slot_waste)
 
@@ -56,6 +67,7 @@ def test_ragged(benchmark, engine):
     outs = []
     benchmark.pedantic(lambda: outs.append(engine.generate(list(prompts), list(params))), rounds=1,
                        warmup_rounds=0)
+    assert_each_request_got_its_tokens(outs[-1], params)
     s = engine.stats
     record(benchmark, output_tok_per_s=generated_per_s(benchmark, outs[-1]), steps=s.steps,
            slot_steps_held=s.slot_steps_held, slot_steps_used=s.slot_steps_used, slot_waste=s.slot_waste,
