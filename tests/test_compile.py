@@ -1,4 +1,6 @@
 """Every kernel (each stage's, and common's spin) compiles for sm_90 with NVRTC, on any machine (no GPU needed)."""
+import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,9 @@ def fresh_cache(tmp_path, monkeypatch):
 def test_kernel_compiles_to_sm90_cubin(path):
     cubin = nvrtc.compile_cubin(path, "sm_90")
     assert cubin[:4] == b"\x7fELF"  # machine code, not PTX text
+    # ELF64 header: e_machine 190 is EM_CUDA; e_flags holds the SM version in bits 8..15 (0x5a for sm_90)
+    machine, flags = struct.unpack_from("<H", cubin, 18)[0], struct.unpack_from("<I", cubin, 48)[0]
+    assert (machine, flags >> 8 & 0xFF) == (190, 90), (machine, hex(flags))
 
 
 def test_cache_hits_and_keys(tmp_path):
@@ -40,5 +45,13 @@ def test_compile_error_names_the_file_and_shows_the_log(tmp_path):
     assert not list(tmp_path.glob("kernels/broken-*"))  # nothing cached for a failed compile
 
 
-def test_there_are_kernels_to_compile():
-    assert any(p.name == "embedding.cu" for p in KERNELS)
+def test_every_kernel_file_the_code_loads_is_compiled_here():
+    """The parametrised test above covers what the engines load: every "name.cu" a package's code names (its
+    kernels.py, common's measure.py) is a file of that package's kernels/ in KERNELS, and every stage with a
+    kernels.py has some. A kernel file the glob missed (in a folder of its own, say) would go untested."""
+    compiled = {(p.parent.parent.name, p.name) for p in KERNELS}
+    named = {(py.parent.name, name) for py in [*ROOT.glob("stage*/*.py"), *ROOT.glob("common/*.py")]
+             for name in re.findall(r"[\"']([A-Za-z0-9_]+\.cu)[\"']", py.read_text())}
+    stages = {py.parent.name for py in ROOT.glob("stage*/kernels.py")}
+    assert stages and stages <= {package for package, _ in named}, "a stage whose kernels.py loads no .cu file"
+    assert ("common", "spin.cu") in named and named <= compiled, sorted(named - compiled)
