@@ -9,6 +9,10 @@ runs) and, per headline figure, the speed-up against the previous engine of the 
 run. An engine plugs in by exporting `Engine`; a workload it cannot run is reported as unsupported with the
 reason, and a GPU engine on a machine without a GPU is skipped, in one line each.
 
+Progress goes to stderr, one line per engine and timed run, numbered against the whole comparison
+("[3/6] stage05_continuous_batch repeat 2 of 3: output_tok_per_s 41.2"); stdout has the table; the JSON with
+every run goes to the result file only.
+
 max_model_len is sized for the workload (its longest prompt plus its new tokens), so `long`'s 32768-token
 prompt is asked of every engine; one that cannot hold it says why.
 
@@ -27,6 +31,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -61,7 +66,21 @@ BASELINES = {
 }
 
 
+PROGRESS = "PROGRESS "   # a worker's stderr line the driver numbers and shows; the rest only with --verbose
+
+
 # ---------------------------------------------------------------------------- the worker: one engine, one process
+def progress(text: str) -> None:
+    """One progress line of a worker, for the driver: "repeat 2 of 3: ..." counts as a timed run done."""
+    print(PROGRESS + text, file=sys.stderr, flush=True)
+
+
+def run_figures(run: dict, workload: str) -> str:
+    """A timed run's headline figures for its progress line ("output_tok_per_s 41.2"), not the run's JSON."""
+    keys = [k for k in run if k in WORKLOADS[workload].headline or k.startswith("prefill_tok_per_s_at_")]
+    return ", ".join(f"{k} {run[k]:.4g}" for k in keys)
+
+
 def build_engine(tag: str, model: str, **kwargs):
     """The engine of a stage or baseline, given only the keyword arguments its constructor takes."""
     spec = engine_spec(tag)
@@ -92,6 +111,7 @@ def run_load(tag: str, model: str, repeats: int) -> dict:
         if stats is None:
             return {"unsupported": "it loads no weights onto a GPU"}
         runs.append({"load_gb_per_s": stats.gb_per_s})
+        progress(f"repeat {len(runs)} of {repeats}: {run_figures(runs[-1], 'load')}")
         del engine
     read = plain_read_gbps(Checkpoint(resolve_model(model)).files)
     return {"runs": [r | {"plain_read_gb_per_s": read} for r in runs]}
@@ -117,6 +137,7 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
         info["kv_cache_gib"] = kv_cache_gib
         info |= {k: getattr(engine, k) for k in ("max_num_seqs",) if hasattr(engine, k)}
     t = time.perf_counter()
+    progress("warming up (outside the figures)")
     try:
         warm_up(engine, workload, prompts, params, full=engine_spec(tag).batch_one)
     except NotImplementedError as e:
@@ -124,6 +145,7 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
     except MemoryError as e:
         return {"unsupported": f"{type(e).__name__}: {e}"}
     info["warmup_s"] = time.perf_counter() - t          # for hf-compile: the compile time, reported apart
+    progress(f"warmed up in {info['warmup_s']:.1f} s")
     if budget_s and workload == "long" and repeats * info["warmup_s"] > budget_s:
         # the warm-up ran the whole prompt: it tells what a run costs (a 32K prefill of a naive attention, ~1 min)
         fewer = max(1, int(budget_s // info["warmup_s"]))
@@ -151,7 +173,7 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
             run = {f"prefill_tok_per_s_at_{prompt_tokens}": prompt_tokens / timings[0].ttft_s,
                    f"ms_per_decode_step_at_{prompt_tokens}": run.get("ms_per_decode_step", float("nan"))}
         runs.append(run)
-        print(f"{tag} run {len(runs)} of {repeats}: " + json.dumps(run)[:200], file=sys.stderr, flush=True)
+        progress(f"repeat {len(runs)} of {repeats}: {run_figures(run, workload)}")
     after = device_memory_used()
     if workload == "long" and before is not None and after is not None:
         info[f"memory_beyond_weights_gb_at_{prompt_tokens}"] = (after - before - info["weight_bytes"]) / 1e9
@@ -209,21 +231,59 @@ def skip_reason(tag: str) -> str | None:
     return None if ok or not engine_spec(tag).gpu else f"skipped: it needs a GPU ({why})"
 
 
+class Progress:
+    """The driver's progress on stderr: each worker's progress lines, numbered against the timed runs of the whole
+    comparison. A worker that runs fewer than asked (unsupported, or cut by --budget-s) lowers the total."""
+
+    def __init__(self, total: int):
+        self.done, self.total = 0, total
+
+    def line(self, label: str, text: str) -> None:
+        self.done += text.startswith("repeat ")
+        print(f"[{self.done}/{self.total}] {label} {text}", file=sys.stderr, flush=True)
+
+    def finished(self, label: str, result: dict, repeats: int) -> None:
+        self.total -= repeats - len(result.get("runs", []))
+        if "unsupported" in result:
+            self.line(label, f"unsupported: {result['unsupported']}")
+
+
 def run_worker(tag: str, model: str, workload: str, repeats: int, prompt_tokens: int | None, verbose: bool,
-               budget_s: float = 0.0, kv_cache_gib: float = 0.0, max_model_len: int = 0) -> dict:
-    """One engine, one fresh process: its result dict (runs and info, or unsupported)."""
+               budget_s: float = 0.0, kv_cache_gib: float = 0.0, max_model_len: int = 0,
+               shown: Progress | None = None) -> dict:
+    """One engine, one fresh process: its result dict (runs and info, or unsupported). Its progress lines are
+    shown as they come; its other stderr lines live with --verbose, else only if it fails."""
     cmd = [sys.executable, "-m", "common.bench", "--worker", tag, "--workload", workload, "--model", model,
            "--repeats", str(repeats), "--budget-s", str(budget_s), "--kv-cache-gib", str(kv_cache_gib),
            "--max-model-len", str(max_model_len)] + (
                ["--prompt-tokens", str(prompt_tokens)] if prompt_tokens else [])
-    # --verbose: the worker's stderr live (its per-run lines show how far a run that is cut off had got)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if verbose else subprocess.PIPE, text=True)
+    label = engine_name(tag) + (f" at {prompt_tokens} tokens" if prompt_tokens else "")
+    shown = shown or Progress(repeats)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kept: list[str] = []
+
+    def relay() -> None:      # stderr on a thread of its own: stdout is read meanwhile, neither pipe fills up
+        for line in proc.stderr:
+            if line.startswith(PROGRESS):
+                shown.line(label, line[len(PROGRESS):].rstrip("\n"))
+            elif verbose:
+                sys.stderr.write(line)
+            else:
+                kept.append(line)
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    out = proc.stdout.read()
+    proc.wait()
+    reader.join()
     if verbose:
-        sys.stderr.write(proc.stdout)
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        sys.stderr.write("".join(x + "\n" for x in out.splitlines() if not x.startswith("RESULT ")))
+    line = [x for x in out.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
-        raise SystemExit(f"{engine_name(tag)} failed on {workload}:\n{proc.stdout}\n{proc.stderr or ''}")
-    return json.loads(line[0][7:])
+        raise SystemExit(f"{engine_name(tag)} failed on {workload}:\n{out}\n{''.join(kept)}")
+    result = json.loads(line[0][7:])
+    shown.finished(label, result, repeats)
+    return result
 
 
 def main(argv=None) -> int:
@@ -245,7 +305,8 @@ def main(argv=None) -> int:
                     help="the same KV cache memory for every engine, in GiB (0: each sizes its own)")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="every engine's max_model_len (0: the workload's longest prompt plus its new tokens)")
-    ap.add_argument("--verbose", action="store_true", help="show each worker's own output")
+    ap.add_argument("--verbose", action="store_true",
+                    help="show each worker's own output besides its progress lines")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-tokens", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -270,15 +331,14 @@ def main(argv=None) -> int:
         workload = replace(workload, headline=tuple(f"prefill_tok_per_s_at_{n}" for n in lengths),
                            columns=tuple(f"memory_beyond_weights_gb_at_{n}" for n in lengths))
     env = environment()
+    running = [t for t in tags if names[t] not in skipped]
+    shown = Progress(len(running) * a.processes * len(lengths) * a.repeats)
     for rep in range(a.processes):
-        order = tags if rep % 2 == 0 else tags[::-1]   # alternate, so drift does not favour one engine
-        for t in (t for t in order if names[t] not in skipped):
+        order = running if rep % 2 == 0 else running[::-1]   # alternate, so drift does not favour one engine
+        for t in order:
             for n in lengths:
-                t0 = time.perf_counter()
                 raw[names[t]].append(run_worker(t, a.model, a.workload, a.repeats, n, a.verbose, a.budget_s,
-                                                a.kv_cache_gib, a.max_model_len))
-                print(f"[{names[t]}{f' at {n} tokens' if n else ''}: {time.perf_counter() - t0:.0f} s] "
-                      + json.dumps(raw[names[t]][-1])[:300], file=sys.stderr, flush=True)
+                                                a.kv_cache_gib, a.max_model_len, shown))
                 write_record(a, workload, env, raw, skipped, complete=False)   # a cut-off run keeps these
     summary, notes, path = write_record(a, workload, env, raw, skipped, complete=True)
     if path is None:

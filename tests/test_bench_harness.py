@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from common.bench import BASELINES, main, stage_module
+from common.bench import BASELINES, Progress, main, stage_module
 from common.bench_table import format_table, merge, spread_warnings, summarise
 from common.measure import growth_rates
 from common.workloads import WORKLOADS, make_requests
@@ -108,3 +108,27 @@ def test_a_long_point_over_the_budget_gets_fewer_runs_and_says_so(tmp_path, caps
     assert "numpy: at 32 tokens, 1 of 3 runs: one takes" in capsys.readouterr().out
     record = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert record["stages"]["numpy"]["repeats"] == 1 and "runs_cut_at_32" in record["stages"]["numpy"]
+
+
+@pytest.mark.skipif(has_gpu()[0], reason="runs the numpy engine, as on a machine without a GPU")
+def test_progress_is_one_stderr_line_per_engine_and_run_and_the_json_stays_in_the_file(tmp_path, capsys):
+    """A ragged run on numpy ran minutes without a word, and the table opened with a line of raw JSON."""
+    assert main(["--stages", "numpy", "--workload", "long", "--model", "tiny", "--lengths", "16,32", "--repeats", "2",
+                 "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    runs = [x for x in err.splitlines() if " repeat " in x]
+    assert [x.split(": ")[0] for x in runs] == ["[1/4] numpy at 16 tokens repeat 1 of 2",
+                                                "[2/4] numpy at 16 tokens repeat 2 of 2",
+                                                "[3/4] numpy at 32 tokens repeat 1 of 2",
+                                                "[4/4] numpy at 32 tokens repeat 2 of 2"], err
+    assert runs[0].split(": ")[1].startswith("prefill_tok_per_s_at_16 "), err
+    assert "{" not in out + err and out.startswith("long: "), out + err
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["raw"]["numpy"][0]["runs"]
+
+
+def test_progress_total_drops_by_the_runs_a_worker_did_not_make(capsys):
+    shown = Progress(6)
+    shown.line("a", "repeat 1 of 3: x 1")
+    shown.finished("a", {"runs": [{}]}, repeats=3)              # cut by the budget: 1 of 3
+    shown.finished("b", {"unsupported": "too long"}, repeats=3)
+    assert capsys.readouterr().err.splitlines() == ["[1/6] a repeat 1 of 3: x 1", "[1/1] b unsupported: too long"]
