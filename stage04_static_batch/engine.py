@@ -43,7 +43,8 @@ class Engine:
         self.tokenizer = self.prompts.tokenizer
         self.max_model_len = self.prompts.max_model_len
         self.max_batch_size = max_batch_size
-        tokens = max_num_batched_tokens or max(MAX_NUM_BATCHED_TOKENS, self.max_model_len)
+        tokens = (max(MAX_NUM_BATCHED_TOKENS, self.max_model_len) if max_num_batched_tokens is None
+                  else max_num_batched_tokens)
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size!r} must be an integer >= 1")
         if tokens < self.max_model_len:

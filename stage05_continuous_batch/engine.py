@@ -50,8 +50,8 @@ class Engine:
         self.max_model_len = L = self.prompts.max_model_len
         if max_num_seqs is not None:
             check_count("max_num_seqs", max_num_seqs)
-        tokens = check_count("max_num_batched_tokens", max_num_batched_tokens or
-                             max(MAX_NUM_BATCHED_TOKENS, max_num_seqs or MAX_NUM_SEQS))
+        tokens = check_count("max_num_batched_tokens", max(MAX_NUM_BATCHED_TOKENS, max_num_seqs or MAX_NUM_SEQS)
+                             if max_num_batched_tokens is None else max_num_batched_tokens)
         self.gpu = get_gpu()
         self.kernels = Kernels(self.gpu)
         self.weights = load_weights(self.checkpoint, self.gpu, progress=progress)
