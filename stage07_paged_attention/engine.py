@@ -43,6 +43,19 @@ MAX_NUM_BATCHED_TOKENS = 2048      # rows per forward, the token budget. The 1B'
 #                                    any more) and lengthens the steps that carry prompt chunks
 
 
+def check_sizes(max_num_seqs: int | None, max_num_batched_tokens: int | None, block_size: int
+                ) -> tuple[int, int, int]:
+    """(max_num_seqs, max_num_batched_tokens, block_size) with the defaults filled in; a value out of range is a
+    ValueError naming it."""
+    B = check_count("max_num_seqs", MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs)
+    tokens = check_count("max_num_batched_tokens", max(MAX_NUM_BATCHED_TOKENS, B) if max_num_batched_tokens is None
+                         else max_num_batched_tokens)
+    if tokens < B:
+        raise ValueError(f"max_num_batched_tokens={tokens} must be >= max_num_seqs={B}: each running "
+                         "sequence decodes one row per step")
+    return B, tokens, check_block_size(block_size)
+
+
 class Engine:
     def __init__(self, model: str, max_model_len: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
@@ -54,12 +67,8 @@ class Engine:
         self.prompts = PromptPreparer(self.folder, self.config, max_model_len)
         self.tokenizer = self.prompts.tokenizer
         self.max_model_len = L = self.prompts.max_model_len
-        self.max_num_seqs = B = check_count("max_num_seqs", MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs)
-        self.block_size = bs = check_block_size(block_size)
-        tokens = check_count("max_num_batched_tokens", max_num_batched_tokens or max(MAX_NUM_BATCHED_TOKENS, B))
-        if tokens < B:
-            raise ValueError(f"max_num_batched_tokens={tokens} must be >= max_num_seqs={B}: each running "
-                             "sequence decodes one row per step")
+        B, tokens, bs = check_sizes(max_num_seqs, max_num_batched_tokens, block_size)
+        self.max_num_seqs, self.block_size = B, bs
         gc.collect()        # an engine dropped but not yet collected would hold its pool, read below as in use
         self.gpu = get_gpu()
         self.kernels = Kernels(self.gpu)
