@@ -5,6 +5,7 @@
     batch    B = 1, 8, 32, 64 of 128 + 128      output tok/s at each B
     ragged   256 requests, 100..1024 each way   output tok/s (nano-vllm's bench.py workload)
     long     1 request of 2048, 8192, 32768     prefill tok/s, memory beyond the weights
+    cpu      64 requests, 16..256 + 2..64       output tok/s of the tiny preset on a CPU (the numpy engines)
     load     stage01's: weights onto the GPU    GB/s against a plain read of the same bytes
 Every request is greedy with ignore_eos, so every run generates the same number of tokens.
 """
@@ -55,6 +56,9 @@ WORKLOADS = {w.name: w for w in [
              "prefill tok/s (prompt tokens / time to first token) at 2048, 8192, 32768; memory beyond the weights",
              tuple(f"prefill_tok_per_s_at_{n}" for n in LONG_LENGTHS),
              columns=tuple(f"memory_beyond_weights_gb_at_{n}" for n in LONG_LENGTHS)),
+    Workload("cpu", 64, (16, 256), (2, 64), "output tok/s on a CPU: the tiny preset through the numpy engines, "
+             "64 requests at once (a server's smoke load where there is no GPU)", ("output_tok_per_s",),
+             columns=("ttft_ms",)),
 ]}
 
 
