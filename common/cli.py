@@ -92,8 +92,11 @@ def sampling_params(args) -> SamplingParams:
                                   e.why) from None
 
 
-def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], argv=None) -> int:
-    """The generating CLI of a stage whose GPU engine `gpu_engine(model, max_model_len)` builds."""
+def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], argv=None,
+                  cpu_engine: Callable[[str, int | None], object] | None = None) -> int:
+    """The generating CLI of a stage whose GPU engine `gpu_engine(model, max_model_len)` builds. Without a GPU:
+    `cpu_engine(model, max_model_len)`, the stage's own loop over the numpy forward (stage05 on), or else the
+    plain numpy reference engine."""
     ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=__doc__.split("\n\n")[0])
     add_model_flags(ap)
     ap.add_argument("--prompt", required=True)
@@ -112,12 +115,13 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
         utf8_text("--prompt", args.prompt)
         params = sampling_params(args)
         if not on_gpu:
-            print(no_gpu_line(f"running the numpy reference engine on {model} instead", args.verbose))
+            what = "this stage's loop over the numpy forward" if cpu_engine else "the numpy reference engine"
+            print(no_gpu_line(f"running {what} on {model} instead", args.verbose))
         announce_preset(model)
         if on_gpu:
             engine = gpu_engine(model, args.max_model_len)
         else:
-            engine = reference_engine(model, args.max_model_len)
+            engine = numpy_engine(model, args.max_model_len, cpu_engine)
         tok = engine.prompts.tokenizer
         prompt = tok.encode_chat(args.prompt) if args.chat else args.prompt
         text = tok.stream()
@@ -134,8 +138,9 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
     return 0
 
 
-def reference_engine(model: str, max_model_len: int | None):
-    """The numpy reference on the given model, validated first; a large model is announced as slow."""
+def numpy_engine(model: str, max_model_len: int | None, cpu_engine=None):
+    """The engine without a GPU, on the given model validated first (a large model is announced as slow): the
+    stage's `cpu_engine`, or the plain numpy reference where the stage has none."""
     from common.reference import ReferenceEngine
 
     config = Checkpoint(resolve_model(model)).config      # every validation error, before any weight is read
@@ -143,4 +148,4 @@ def reference_engine(model: str, max_model_len: int | None):
     if n > LARGE_FOR_NUMPY:
         print(f"note: {n / 1e9:.2f}B parameters in float32 on the CPU ({4 * n / 1e9:.1f} GB of memory); "
               "expect seconds per token")
-    return ReferenceEngine(model, max_model_len=max_model_len)
+    return (cpu_engine or ReferenceEngine)(model, max_model_len=max_model_len)

@@ -1,4 +1,5 @@
-"""python -m <this stage> streams generated text; without a GPU through the numpy reference, on the model given."""
+"""python -m <this stage> streams generated text; without a GPU through this stage's loop over the numpy forward
+(cpu_engine.py), on the model given."""
 import io
 import shutil
 import sys
@@ -16,7 +17,7 @@ def test_generates_and_reports(tiny_dir, capsys):
     out = capsys.readouterr().out
     assert "[5 tokens in" in out and "finish_reason='length'" in out and "time to first token" in out
     if not has_gpu()[0]:
-        assert out.count("no GPU") == 1 and f"numpy reference engine on {tiny_dir}" in out
+        assert out.count("no GPU") == 1 and f"this stage's loop over the numpy forward on {tiny_dir}" in out
 
 
 def test_prompt_longer_than_max_model_len_is_one_clear_line(tiny_dir, capsys):
