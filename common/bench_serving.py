@@ -15,6 +15,10 @@ completions by concurrent clients, against the same requests through the engine 
    a 400, and /metrics must again read zero.
 
 The server's overhead is 1 - server tok/s / direct tok/s (medians); the issue asks it below 10%.
+
+    python -m common.bench_serving --model tiny --probe-huge-prompt 5
+
+measures something else: the largest gap a running stream sees while a 5 MB prompt arrives (probe_huge_prompt).
 """
 from __future__ import annotations
 
@@ -205,6 +209,40 @@ def serve_runs(url: str, requests, model: str, concurrency: int, rate: float, re
     return out
 
 
+HUGE_PROMPT_LINE = "The quick brown fox jumps over the lazy dog. "
+
+
+async def probe_huge_prompt(host: str, port: int, model: str, megabytes: float, stream_tokens: int) -> dict:
+    """The largest gap between two events of a running stream while a huge prompt arrives. One stream generates
+    (greedy, ignore_eos); once it is steady, a non-streaming completion whose prompt is `megabytes` of text is
+    sent (longer than max_model_len, it is refused once encoded: its whole cost is the server's reading and
+    encoding it). Against the stream's largest gap before it, the gap during it is what every other client of the
+    server waits while the prompt is encoded."""
+    stream = StreamResult()
+    body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": stream_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True}).encode()
+    reader = asyncio.ensure_future(post_stream(host, port, "/v1/completions", body, result=stream))
+    while len(stream.arrivals) < 20:                 # a steady stream first
+        if reader.done():
+            raise SystemExit(f"the probe's stream ended after {len(stream.arrivals)} events: {stream.error}")
+        await asyncio.sleep(0.01)
+    text = (HUGE_PROMPT_LINE * int(megabytes * 1e6 / len(HUGE_PROMPT_LINE) + 1))[:int(megabytes * 1e6)]
+    big = json.dumps({"model": model, "prompt": text, "max_tokens": 1}).encode()
+    t0 = time.perf_counter()
+    answer = await post_stream(host, port, "/v1/completions", big)
+    t1 = time.perf_counter()
+    seen = len(stream.arrivals)
+    while len(stream.arrivals) < seen + 2 and not reader.done():     # the event that ends the gap
+        await asyncio.sleep(0.01)
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    arrivals = stream.arrivals
+    gaps = list(zip(arrivals, arrivals[1:]))
+    return {"prompt_mb": megabytes, "huge_request_s": t1 - t0, "huge_request_status": answer.status,
+            "max_gap_before_ms": 1e3 * max(b - a for a, b in gaps if b < t0),
+            "max_gap_during_ms": 1e3 * max((b - a for a, b in gaps if b > t0 and a < t1), default=float("nan"))}
+
+
 def median_of(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
@@ -222,9 +260,14 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                     help="the server's engine in a process of its own (the default), or on a thread of the server's")
     ap.add_argument("--num-requests", type=int, help="only the workload's first N requests (a smoke run)")
+    ap.add_argument("--probe-huge-prompt", type=float, metavar="MB",
+                    help="instead of the load runs: the largest gap a stream sees while a prompt of MB megabytes "
+                         "arrives, --repeats times")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     a = ap.parse_args(argv)
     w = WORKLOADS[a.workload]
+    if a.probe_huge_prompt is not None:
+        return probe_main(a, w.max_model_len)
     started = datetime.datetime.now(datetime.timezone.utc)
     stage = stage_module(a.stage)
     record = {"workload": f"serving-{a.workload}", "model": a.model, "stage": stage,
@@ -269,6 +312,19 @@ def main(argv=None) -> int:
         print(f"problem: /metrics not idle after a run: {busy}")
     print(f"wrote {path}")
     return 1 if bad or busy else 0
+
+
+def probe_main(a, max_model_len: int) -> int:
+    """--probe-huge-prompt: a server of its own, the probe --repeats times, each printed as a JSON line."""
+    a.out.mkdir(parents=True, exist_ok=True)
+    server = ServerProcess(a.stage, a.model, max_model_len, a.out / "server-probe.log", a.engine_process)
+    try:
+        for _ in range(a.repeats):
+            print(json.dumps(asyncio.run(probe_huge_prompt("127.0.0.1", server.port, a.model, a.probe_huge_prompt,
+                                                           max_model_len - 8))), flush=True)
+    finally:
+        server.close()
+    return 0
 
 
 if __name__ == "__main__":

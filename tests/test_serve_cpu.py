@@ -1,8 +1,12 @@
 """CPU tier: the OpenAI-compatible server on a loopback port over the numpy reference engine, driven by the real
 `openai` client: completions and chat, streaming and not, seeds, stop strings, concurrent streams, a client that
 goes away, and the errors a malformed request gets."""
+import asyncio
+import itertools
 import json
+import re
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -25,15 +29,23 @@ MODEL = "tiny"
 
 
 class Recording(ReferenceEngine):
-    """The reference engine, keeping the ids it was asked to abort."""
+    """The reference engine, keeping the ids it was asked to abort; while `hold` is set its steps make no
+    progress, so a request runs for as long as a test needs it to."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.aborted: list = []
+        self.hold = threading.Event()
 
     def abort_request(self, request_id) -> None:
         self.aborted.append(request_id)
         super().abort_request(request_id)
+
+    def step(self):
+        if self.hold.is_set():
+            time.sleep(0.005)
+            return []
+        return super().step()
 
 
 class Running:
@@ -183,6 +195,99 @@ def test_a_client_that_goes_away_is_aborted(client, server):
     assert len(loop.engine.aborted) == before + 1 and not loop.engine.has_unfinished_requests()
 
 
+def wait_for(condition, what: str, seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.05)):          # bounded: polls, asserts nothing about how long it took
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {seconds:.0f} s")
+
+
+def aborts_counted(url) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        found = re.search(r'^tiny_vllm:request_success_total{finished_reason="abort"} (\S+)$', r.read().decode(),
+                          re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_whose_client_disconnects_is_aborted_streamed_or_not(server, stream):
+    """The engine makes no progress (hold), so the request would run until its client leaves: the disconnect
+    alone must abort it, before any token is sent."""
+    url, loop = server
+    engine, before, counted = loop.engine, len(loop.engine.aborted), aborts_counted(url)
+    body = json.dumps({"model": MODEL, "prompt": "hold on", "max_tokens": 80, "ignore_eos": True,
+                       "stream": stream}).encode()
+    engine.hold.set()
+    try:
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            wait_for(engine.has_unfinished_requests, "the request reaching the engine")
+        wait_for(lambda: len(engine.aborted) > before, "the abort after the client left")
+    finally:
+        engine.hold.clear()
+    assert len(engine.aborted) == before + 1 and not engine.has_unfinished_requests()
+    wait_for(lambda: aborts_counted(url) == counted + 1, "request_success_total{finished_reason=abort} + 1")
+
+
+def test_a_prompt_being_encoded_does_not_stall_the_event_loop(server, monkeypatch):
+    """While one request's prompt is encoded (a fake that waits for /health to have answered, at most 5 s), the
+    event loop answers /health: encoding runs on the tokenizer's pool, not on the loop. Ordered by events, not
+    by timing."""
+    import common.serve.app as app
+
+    url, real = server[0], app.encode_text
+    encoding, health_answered, saw = threading.Event(), threading.Event(), []
+
+    def slow_encode(tokenizer, text, add_special_tokens):
+        if text == "a huge prompt, say":
+            encoding.set()
+            saw.append(health_answered.wait(5))   # on the event loop this would block /health until it gives up
+        return real(tokenizer, text, add_special_tokens)
+
+    monkeypatch.setattr(app, "encode_text", slow_encode)
+    answer = {}
+    body = json.dumps({"model": MODEL, "prompt": "a huge prompt, say", "max_tokens": 2}).encode()
+    poster = threading.Thread(target=lambda: answer.update(got=post(url + "/v1/completions", body)))
+    poster.start()
+    assert encoding.wait(30), "the request was never encoded"
+    with urllib.request.urlopen(url + "/health", timeout=30) as r:
+        assert json.loads(r.read()) == {"status": "ok"}
+    health_answered.set()
+    poster.join(30)
+    assert saw == [True], "/health answered only after the encode gave up: the encode blocked the event loop"
+    assert answer["got"][0] == 200
+
+
+def test_tokens_are_counted_before_they_are_sent(tiny_dir):
+    """Each step's tokens are in generation_tokens_total, and a finished request is gone from the running
+    count, by the time its handler can see them: a client that reads /metrics right after its answer reads
+    them counted."""
+    loop, seen = EngineLoop(ReferenceEngine(str(tiny_dir), max_model_len=96)), []
+    send_all = loop._send_all
+
+    def sending(sends):
+        seen.append((read_metric(loop.metrics.text().decode(), "tiny_vllm:generation_tokens_total"),
+                     sum(len(d.token_ids) for _, d in sends), loop.num_running))
+        send_all(sends)
+
+    loop._send_all = sending
+
+    async def one_request():
+        _, sink = await loop.add([1, 2, 3], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+        while (await sink.get()).finish_reason is None:
+            pass
+
+    loop.start()
+    try:
+        asyncio.run(one_request())
+    finally:
+        loop.stop()
+    assert [counted for counted, _, _ in seen] == list(itertools.accumulate(n for _, n, _ in seen))
+    assert seen[-1][0] == 5 and seen[-1][2] == 0
+
+
 def post(url, body: bytes):
     req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     try:
@@ -246,7 +351,7 @@ def test_beyond_max_waiting_a_request_gets_503_with_retry_after(tiny_dir):
 
 def test_shutdown_ends_requests_in_flight_with_an_error(tiny_dir):
     running = Running(ReferenceEngine(str(tiny_dir), max_model_len=96))
-    stream = running.client().completions.create(model=MODEL, prompt="a long one", max_tokens=90,
+    stream = running.client().completions.create(model=MODEL, prompt="a long one", max_tokens=80,
                                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
     chunks = iter(stream)
     next(chunks)

@@ -1,52 +1,78 @@
 """The HTTP front end (FastAPI): OpenAI's completions and chat completions over the engine loop, streaming or not.
 
-A request's life: the body is parsed and checked (a 400 in OpenAI's shape otherwise), the prompt is encoded (the
-chat template for messages), the loop queues it (the engine's own validation, e.g. a prompt longer than
-max_model_len, is a 400 too), and its Deltas come back one step at a time. A stream sends each as a server-sent
-event; a client that goes away mid-stream is aborted, so its slot is free by the next step.
+A request's life: the body is parsed and checked (a 400 in OpenAI's shape otherwise: errors.py), the prompt is
+encoded (the chat template for messages) on a thread of the tokenizer's pool, not on the event loop, so that a
+huge prompt does not stall every other stream while it is encoded; its max_tokens must fit beside it in
+max_model_len; the loop queues it (the engine's own validation is a 400 too), and its Deltas come back one step at
+a time. A stream sends each as a server-sent event. A client that goes away, streamed or not, is aborted, so its
+slot is free by the next step.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
-from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from common.prompts import PromptError
 
+from . import errors
 from .engine_loop import Delta, EngineFailed, EngineLoop, ShuttingDown
 from .protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from .stops import StopMatcher
+
+TOKENIZER_THREADS = 2    # a huge prompt being encoded does not hold up the next small one
+
+
+async def until_disconnected(request: Request, handler):
+    """Run the handler's coroutine, and cancel it if its client goes away first (vLLM's with_cancellation): the
+    cancellation reaches the handler where it waits (for the engine's next tokens), and its finally aborts the
+    engine's request. A stream is watched the same way by StreamingResponse once the handler has returned it."""
+    work = asyncio.ensure_future(handler)
+    gone = asyncio.ensure_future(_disconnect(request))
+    await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    if work.done():
+        gone.cancel()
+        return work.result()
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)       # its abort is sent before this returns
+    return Response(status_code=499)                         # nginx's "client closed request": nobody reads it
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the ASGI server says the client has gone (the body was read before the handler ran, so the
+    only message left to receive is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def encode_text(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """tokenizer.encode(text), letting go of the interpreter lock while it works: tokenizers' encode() holds it to
+    the end (4.3 s for 5 MB of text, during which no other thread, the event loop's included, runs a line), its
+    encode_batch() releases it. Same ids."""
+    return tokenizer._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
 
 def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> FastAPI:
     """The routes over a started EngineLoop. Beyond max_waiting requests queued for a seq_slot, a new one gets
     503 with Retry-After (back-pressure: the queue would only grow, and every TTFT with it)."""
-    app = FastAPI(title="tiny-vllm")
-    tokenizer = loop.engine.prompts.tokenizer
+    pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_):
+        yield
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="tiny-vllm", lifespan=lifespan)
+    errors.install(app)
+    prompts = loop.engine.prompts
+    tokenizer = prompts.tokenizer
     created = int(time.time())
-
-    @app.exception_handler(OpenAIError)
-    async def openai_error(_, e: OpenAIError):
-        retry = {"Retry-After": "1"} if e.status == 503 else None
-        return JSONResponse(e.body(), status_code=e.status, headers=retry)
-
-    @app.exception_handler(ShuttingDown)
-    async def shutting_down(_, e: ShuttingDown):
-        return JSONResponse(OpenAIError(503, str(e)).body(), status_code=503)
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_body(_, e: RequestValidationError):
-        first = e.errors()[0]
-        if first.get("type") == "json_invalid":
-            err = OpenAIError(400, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'unparsable')})")
-        else:
-            where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-            err = OpenAIError(400, f"{where or 'body'}: {first.get('msg')}", where or None)
-        return JSONResponse(err.body(), status_code=400)
 
     @app.get("/health")
     async def health():
@@ -63,36 +89,41 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
                                             "owned_by": "tiny-vllm", "max_model_len": loop.engine.max_model_len}]}
 
-    def admit(name: str) -> None:
-        if name != model_name:
-            raise OpenAIError(404, f"model {name!r} does not exist; this server serves {model_name!r}", "model")
+    def admit(req) -> None:
+        if req.model is not None and req.model != model_name:
+            raise OpenAIError(404, f"model {req.model!r} does not exist; this server serves {model_name!r}", "model")
         if loop.num_waiting >= max_waiting:
             raise OpenAIError(503, f"{loop.num_waiting} requests are waiting (--max-waiting {max_waiting}); "
                               "retry later")
 
-    def encode(prompt, param: str) -> list[int]:
-        """Token ids, checked against the vocabulary and max_model_len (the message names both numbers)."""
+    def encode(req, chat: bool) -> list[int]:
+        """The prompt's token ids, checked against the vocabulary and max_model_len (the message names both
+        numbers). Runs on the tokenizer's pool."""
         try:
-            return loop.engine.prompts.encode(prompt)
+            if not chat:
+                text = req.prompt
+                return prompts.encode(encode_text(tokenizer, text, True) if isinstance(text, str) else text)
+            template = tokenizer.chat_prompt(req.template_messages())
+            return prompts.encode(encode_text(tokenizer, template, False))      # the template holds its BOS
         except PromptError as e:
-            raise OpenAIError(400, str(e), param) from None
+            raise OpenAIError(400, str(e), "messages" if chat else "prompt") from None
+
+    async def serve(req, chat: bool):
+        admit(req)
+        req.refuse_unsupported()
+        stops = req.stop_strings()
+        ids = await asyncio.get_running_loop().run_in_executor(pool, encode, req, chat)
+        params = req.params(len(ids), loop.engine.max_model_len, "messages" if chat else "prompt")
+        rid, sink = await submit(ids, params)
+        return await respond(req, rid, sink, stops, ids, chat)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        admit(req.model)
-        params, stops = req.params(), req.stop_strings()
-        ids = encode(req.prompt, "prompt")
-        rid, sink = await submit(ids, params)
-        return await respond(req, rid, sink, stops, ids, chat=False)
+    async def completions(req: CompletionRequest, request: Request):
+        return await until_disconnected(request, serve(req, chat=False))
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest):
-        admit(req.model)
-        params, stops = req.params(), req.stop_strings()
-        template = tokenizer.chat_prompt([m.model_dump() for m in req.messages])
-        ids = encode(tokenizer.encode(template, add_special_tokens=False), "messages")   # it holds its BOS
-        rid, sink = await submit(ids, params)
-        return await respond(req, rid, sink, stops, ids, chat=True)
+    async def chat(req: ChatCompletionRequest, request: Request):
+        return await until_disconnected(request, serve(req, chat=True))
 
     async def submit(ids, params):
         """Queue a request with the engine loop; what the engine refuses is a 400, a dead engine a 503."""
@@ -159,7 +190,7 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
             return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
 
         def body(obj, choices, **extra):
-            return {"id": oid, "object": obj, "created": created, "model": req.model, "choices": choices, **extra}
+            return {"id": oid, "object": obj, "created": created, "model": model_name, "choices": choices, **extra}
 
         def choice(text, reason, stream, ids=None):
             if not chat:

@@ -38,10 +38,11 @@ class StreamResult:
         return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
 
 
-async def post_stream(host: str, port: int, path: str, body: bytes, disconnect_after: int | None = None
-                      ) -> StreamResult:
-    """POST `body` (sent as is: it may be malformed on purpose) and read the response to its end."""
-    r = StreamResult()
+async def post_stream(host: str, port: int, path: str, body: bytes, disconnect_after: int | None = None,
+                      result: StreamResult | None = None) -> StreamResult:
+    """POST `body` (sent as is: it may be malformed on purpose) and read the response to its end. `result`, when
+    given, is filled as the events arrive (a caller that cancels the read keeps what came)."""
+    r = result if result is not None else StreamResult()
     reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"

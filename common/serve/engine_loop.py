@@ -82,7 +82,11 @@ class EngineLoop:
         done: concurrent.futures.Future = concurrent.futures.Future()
         rid = f"cmpl-{next(self._ids)}"
         self._put(("add", rid, prompt_ids, params, (loop, sink), done))
-        await asyncio.wrap_future(done)
+        try:
+            await asyncio.shield(asyncio.wrap_future(done))
+        except asyncio.CancelledError:     # its client went away while the engine took it: abort it once taken
+            done.add_done_callback(lambda f: f.exception() is None and self.abort(rid))
+            raise
         return rid, sink
 
     def abort(self, request_id) -> None:
@@ -184,11 +188,13 @@ class EngineLoop:
             if o.finish_reason is not None:
                 del self._live[o.request_id]
                 m.finished.labels(o.finish_reason).inc()
-        self._send_all(sends)
+        # counted before they are sent: a client that has its tokens finds them (and its request gone) in /metrics
         m.generation_tokens.inc(sum(len(d.token_ids) for _, d in sends))
         for hist, values in ((m.ttft, ttft), (m.itl, itl)):
             for v in values:
                 hist.observe(v)
+        self._count()
+        self._send_all(sends)
 
     def _count(self) -> None:
         self.num_running, self.num_waiting = self.engine.num_requests()
