@@ -8,7 +8,7 @@ import pytest
 from common.reference import ReferenceEngine
 from common.sampling import SamplingParams
 from common.serve.engine_process import EngineProcess
-from common.serve.engines import build_engine
+from common.serve.engines import EngineOptionError, build_engine
 
 uvicorn = pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
 
@@ -140,7 +140,7 @@ def test_when_the_engine_process_dies_requests_end_and_health_says_so(tiny_dir):
     running = Running(ep)
     try:
         client = running.client()
-        stream = iter(client.completions.create(model=MODEL, prompt="a long one", max_tokens=90, temperature=0,
+        stream = iter(client.completions.create(model=MODEL, prompt="a long one", max_tokens=80, temperature=0,
                                                 stream=True, extra_body={"ignore_eos": True}))
         next(stream)
         ep._proc.kill()                                          # the engine crashes mid-stream
@@ -160,8 +160,8 @@ def test_when_the_engine_process_dies_requests_end_and_health_says_so(tiny_dir):
 
 def test_engine_options_reach_the_engine_and_one_it_does_not_take_is_refused(tiny_dir):
     assert build_engine(None, str(tiny_dir), 96, {"max_num_seqs": 3, "block_size": None}).max_num_seqs == 3
-    with pytest.raises(SystemExit, match="the numpy reference engine takes no --block-size, "
-                                         "--gpu-memory-utilization"):
+    with pytest.raises(EngineOptionError, match="the numpy reference engine takes no --block-size, "
+                                                "--gpu-memory-utilization"):
         build_engine(None, str(tiny_dir), 96, {"gpu_memory_utilization": 0.5, "block_size": 16})
 
 

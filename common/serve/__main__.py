@@ -3,18 +3,45 @@
                          [--no-engine-process]
 
 Serves the newest stage with the step API, or the one named; on a machine without a GPU, the numpy reference
-engine (and says so). The engine runs in a process of its own (engine_process.py), or with --no-engine-process on
-a thread of the server's process."""
+engine (and says so), on the tiny preset unless --model names another, as every stage's command line. The engine
+runs in a process of its own (engine_process.py), or with --no-engine-process on a thread of the server's process.
+A bad flag, model or engine option is one line and exit 2."""
 from __future__ import annotations
 
 import argparse
 import sys
 
+# flag -> (the least value it takes, the greatest): checked before any engine is built
+BOUNDS = {"port": (1, 65535), "max_model_len": (2, None), "max_num_seqs": (1, None),
+          "max_num_batched_tokens": (1, None), "kv_cache_memory_bytes": (1, None), "block_size": (1, None),
+          "max_waiting": (0, None)}
+
+
+def check_flags(a, model: str) -> None:
+    """Every flag, and the model's folder and config (a preset is written on first use), before an engine is
+    built: the engine's process would say the same, after its start."""
+    from common.checkpoint import Checkpoint
+    from common.synthetic import resolve_model
+
+    from .engines import EngineOptionError, check_stage
+
+    for name, (low, high) in BOUNDS.items():
+        value = getattr(a, name)
+        if value is not None and (value < low or high is not None and value > high):
+            raise EngineOptionError(f"--{name.replace('_', '-')} {value}: must be "
+                                    + (f"in [{low}, {high}]" if high is not None else f">= {low}"))
+    if a.gpu_memory_utilization is not None and not 0 < a.gpu_memory_utilization <= 1:
+        raise EngineOptionError(f"--gpu-memory-utilization {a.gpu_memory_utilization}: must be in (0, 1]")
+    if a.stage is not None:
+        check_stage(a.stage)
+    Checkpoint(resolve_model(model))
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.serve", description=__doc__.splitlines()[0])
     ap.add_argument("--stage", help="a stage number from 05 on (default: the newest)")
-    ap.add_argument("--model", default="llama-3.2-1b", help="a checkpoint folder or a preset name")
+    ap.add_argument("--model", help="a checkpoint folder or a preset name (default: llama-3.2-1b on a GPU, tiny "
+                                    "without one)")
     ap.add_argument("--served-model-name", help="the name clients send as `model` (default: --model)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
@@ -31,20 +58,33 @@ def main(argv=None) -> int:
     ap.add_argument("--max-waiting", type=int, default=1024,
                     help="requests queued for a seq_slot beyond which a new one gets 503 (default 1024)")
     a = ap.parse_args(argv)
+    from common.cli import NO_GPU_PRESET
+    from common.device import GpuMemoryError, has_gpu
+    from common.synthetic import DEFAULT_PRESET
+
     from .app import build_app
     from .engine_loop import EngineLoop
-    from .engine_process import EngineProcess
+    from .engine_process import EngineProcess, EngineStartError
     from .engines import build_engine
     from .server import Server
 
+    model = a.model or (DEFAULT_PRESET if has_gpu()[0] else NO_GPU_PRESET)
     options = {k: getattr(a, k) for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                                           "kv_cache_memory_bytes", "block_size")}
-    engine = (EngineProcess(build_engine, a.stage, a.model, a.max_model_len, options) if a.engine_process
-              else build_engine(a.stage, a.model, a.max_model_len, options))
+    try:
+        check_flags(a, model)
+        engine = (EngineProcess(build_engine, a.stage, model, a.max_model_len, options) if a.engine_process
+                  else build_engine(a.stage, model, a.max_model_len, options))
+    except (ValueError, GpuMemoryError, EngineStartError) as e:
+        cause = e.__cause__ if isinstance(e, EngineStartError) else e
+        if not isinstance(cause, (ValueError, GpuMemoryError)):
+            raise                            # not the user's error: the traceback is the report
+        print(f"error: {cause}", file=sys.stderr)
+        return 2
     loop = EngineLoop(engine)
     loop.start()
     try:
-        Server(build_app(loop, a.served_model_name or a.model, a.max_waiting), loop, host=a.host,
+        Server(build_app(loop, a.served_model_name or model, a.max_waiting), loop, host=a.host,
                port=a.port).run()
     except KeyboardInterrupt:      # uvicorn re-raises Ctrl-C once it has shut down: that is the normal exit
         pass

@@ -30,6 +30,11 @@ class EngineDead(RuntimeError):
     """The engine's process has exited: no request can run any more (vLLM's EngineDeadError)."""
 
 
+class EngineStartError(RuntimeError):
+    """The engine's process could not build the engine; __cause__ is what the engine raised there (a bad model
+    or option is the user's error: the command line says it in one line)."""
+
+
 class EngineProcess:
     """The step API of an engine that runs in a child process (spawned: a CUDA context does not survive a fork).
     The child builds it as factory(*args): a GPU engine cannot be sent there, only how to make one
@@ -49,10 +54,11 @@ class EngineProcess:
         try:
             kind, *info = self._conn.recv()
         except EOFError:
-            kind, info = "error", [f"it exited with {self._proc.exitcode} before it was ready"]
+            kind, info = "error", [RuntimeError(f"it exited with {self._proc.exitcode} before it was ready")]
         if kind == "error":
             self.close()
-            raise RuntimeError(f"the engine process failed to start: {info[0]}")
+            raise EngineStartError(f"the engine process failed to start: {type(info[0]).__name__}: {info[0]}"
+                                   ) from info[0]
         folder, self.max_model_len, self._state = info
         self.prompts = PromptPreparer(folder, Checkpoint(folder).config, self.max_model_len)
         self._tokens: dict = {}              # request id -> its generated ids so far (this side's copy)
@@ -177,7 +183,7 @@ def _serve_engine(conn, factory, args) -> None:
     try:
         engine = factory(*args)
     except BaseException as e:  # noqa: BLE001  the parent reports it
-        conn.send(("error", f"{type(e).__name__}: {e}"))
+        conn.send(("error", _picklable(e)))
         return
     stalled = False      # a step raised: no more steps until the server has answered it (it aborts the requests)
 
@@ -245,10 +251,10 @@ def _without(step: tuple, rid) -> tuple:
     return [r for r, _ in keep], [n for _, n in keep], kept_ids, {r: f for r, f in finished.items() if r != rid}
 
 
-def _picklable(e: Exception) -> Exception:
+def _picklable(e: BaseException) -> BaseException:
     """The exception itself if it crosses the pipe, else a RuntimeError naming it."""
     try:
-        pickle.dumps(e)
+        pickle.loads(pickle.dumps(e))
         return e
     except Exception:  # noqa: BLE001
         return RuntimeError(f"{type(e).__name__}: {e}")

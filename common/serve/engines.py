@@ -11,6 +11,10 @@ from pathlib import Path
 STEP_API = ("add_request", "step", "abort_request", "has_unfinished_requests", "num_requests", "kv_cache_usage")
 
 
+class EngineOptionError(ValueError):
+    """A --stage or an engine option the server cannot serve: one line on the command line, exit 2."""
+
+
 def has_step_api(module: str) -> bool:
     return all(hasattr(importlib.import_module(module).Engine, a) for a in STEP_API)
 
@@ -34,21 +38,35 @@ def build_engine(stage: str | None, model: str, max_model_len: int | None, optio
 
 def engine_class(stage: str | None) -> tuple[type, str]:
     """The Engine class of stage NN (None: the newest stage that has the step API), and its module's name."""
-    from common.bench import stage_module
-
     if stage is None:
         root = Path(__file__).resolve().parents[2]
         names = sorted(p.name for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
         name = [n for n in names if has_step_api(n)][-1]
-    elif not has_step_api(name := stage_module(stage)):
-        raise SystemExit(f"--stage {stage}: {name} has no step API (add_request / step / abort_request); "
-                         "stage05 and later have it")
+    else:
+        name = check_stage(stage)
     return importlib.import_module(name).Engine, name
+
+
+def check_stage(stage: str) -> str:
+    """The module of stage NN, which must exist and have the step API (checked on any machine: a CPU serves the
+    same --stage values a GPU does)."""
+    from common.bench import BASELINES, stage_module
+
+    try:
+        name = stage_module(stage) if stage not in BASELINES else None
+    except SystemExit:                       # no such stage folder
+        name = None
+    if name is None:
+        raise EngineOptionError(f"--stage {stage}: no such stage (stage numbers from 05 on, e.g. --stage 05)")
+    if not has_step_api(name):
+        raise EngineOptionError(f"--stage {stage}: {name} has no step API (add_request / step / abort_request); "
+                                "stage05 and later have it")
+    return name
 
 
 def _construct(cls, name: str, model: str, max_model_len: int | None, options: dict | None):
     options = {k: v for k, v in (options or {}).items() if v is not None}
     refused = sorted(set(options) - set(inspect.signature(cls).parameters))
     if refused:
-        raise SystemExit(f"{name} takes no {', '.join('--' + k.replace('_', '-') for k in refused)}")
+        raise EngineOptionError(f"{name} takes no {', '.join('--' + k.replace('_', '-') for k in refused)}")
     return cls(model, max_model_len=max_model_len, **options)
