@@ -15,7 +15,8 @@ uvicorn = pytest.importorskip("uvicorn", reason="the server needs fastapi and uv
 
 @pytest.fixture(scope="module")
 def remote(tiny_dir):
-    ep = EngineProcess(build_engine, None, str(tiny_dir), 96)
+    # stage05's engine (on a CPU its loop over the numpy forward): synchronous, so an abort leaves no step in flight
+    ep = EngineProcess(build_engine, "05", str(tiny_dir), 96)
     yield ep
     ep.close()
 
@@ -160,9 +161,9 @@ def test_when_the_engine_process_dies_requests_end_and_health_says_so(tiny_dir):
 
 def test_engine_options_reach_the_engine_and_one_it_does_not_take_is_refused(tiny_dir):
     assert build_engine(None, str(tiny_dir), 96, {"max_num_seqs": 3, "block_size": None}).max_num_seqs == 3
-    with pytest.raises(EngineOptionError, match="the numpy reference engine takes no --block-size, "
+    with pytest.raises(EngineOptionError, match="05_continuous_batch's CPU engine takes no --block-size, "
                                                 "--gpu-memory-utilization"):
-        build_engine(None, str(tiny_dir), 96, {"gpu_memory_utilization": 0.5, "block_size": 16})
+        build_engine("05", str(tiny_dir), 96, {"gpu_memory_utilization": 0.5, "block_size": 16})
 
 
 def test_the_command_line_serves_with_engine_process(tiny_dir):

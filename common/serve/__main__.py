@@ -2,8 +2,9 @@
                          [--max-num-seqs N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] [--block-size N]
                          [--no-engine-process]
 
-Serves the newest stage with the step API, or the one named; on a machine without a GPU, the numpy reference
-engine (and says so), on the tiny preset unless --model names another, as every stage's command line. The engine
+Serves the newest stage with the step API, or the one named; on a machine without a GPU, that stage's own loop
+over the numpy forward (its cpu_engine.py; and says so), on the tiny preset unless --model names another, as
+every stage's command line. The engine
 runs in a process of its own (engine_process.py), or with --no-engine-process on a thread of the server's process.
 A bad flag, model or engine option is one line and exit 2."""
 from __future__ import annotations

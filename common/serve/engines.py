@@ -26,25 +26,25 @@ def build_engine(stage: str | None, model: str, max_model_len: int | None, optio
     from common.device import has_gpu
 
     usable, why = has_gpu()
+    cls, name = engine_class(stage, gpu=usable)
     if not usable:
-        from common.reference import ReferenceEngine
-
-        print(f"{why}: serving the numpy reference engine on {model} (slow; for tests and reading)",
-              file=sys.stderr)
-        return _construct(ReferenceEngine, "the numpy reference engine", model, max_model_len, options)
-    cls, name = engine_class(stage)
+        print(f"{why}: serving {name}'s loop over the numpy forward (cpu_engine.py) on {model}", file=sys.stderr)
+        name = f"{name}'s CPU engine"
     return _construct(cls, name, model, max_model_len, options)
 
 
-def engine_class(stage: str | None) -> tuple[type, str]:
-    """The Engine class of stage NN (None: the newest stage that has the step API), and its module's name."""
+def engine_class(stage: str | None, gpu: bool = True) -> tuple[type, str]:
+    """The Engine class of stage NN (None: the newest stage that has the step API), or with gpu=False the
+    stage's CpuEngine (its own loop over the numpy forward, for a machine without a GPU), and its module's name."""
     if stage is None:
         root = Path(__file__).resolve().parents[2]
         names = sorted(p.name for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
         name = [n for n in names if has_step_api(n)][-1]
     else:
         name = check_stage(stage)
-    return importlib.import_module(name).Engine, name
+    if gpu:
+        return importlib.import_module(name).Engine, name
+    return importlib.import_module(f"{name}.cpu_engine").CpuEngine, name
 
 
 def check_stage(stage: str) -> str:
