@@ -1,3 +1,5 @@
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,33 @@ def test_synthetic_tokenizer_has_llama3_special_ids(synthetic_tok):
         128000, 128001, 128006, 128007, 128008, 128009]
     assert t.token_to_id(llama3_special_tokens()[-1]) == 128255
     assert t.encode("hi")[0] == 128000 and t.encode("hi", add_special_tokens=False)[0] != 128000
+
+
+def test_encode_lets_other_threads_run_while_it_works(synthetic_tok):
+    """A long prompt keeps the tokenizer busy for a while (4 s for 5 MB), and a server's event loop must run
+    meanwhile. With a switch interval longer than the encode, a thread that waits for the interpreter lock gets
+    it before the encode ends only if the encode let go of it: then the main thread wakes with the encode still
+    running. Same ids as the one-shot encode."""
+    text = "the quick brown fox jumps " * 40_000                           # 1 MB
+    started, done = threading.Event(), threading.Event()
+
+    def work():
+        started.set()
+        work.ids = synthetic_tok.encode(text)
+        done.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60)
+    try:
+        thread = threading.Thread(target=work)
+        thread.start()
+        started.wait()
+        ran_meanwhile = not done.is_set()
+        thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert ran_meanwhile, "the encode held the interpreter lock to its end"
+    assert work.ids == synthetic_tok._tok.encode(text).ids
 
 
 @pytest.mark.parametrize("text", TEXTS)
