@@ -14,7 +14,7 @@ from .kernels import ATTENTION_THREADS, TILE_M, tile_rows
 
 ONE_B = PRESETS["llama-3.2-1b"]
 # dense bf16 matrix ceilings of one H200 SXM: the datasheet's, and an 8192^3 bf16 GEMM through PyTorch on random
-# data on the lent machines (the device library's KINDS.md, 2026-10-28: 788 TFLOP/s)
+# data on the H200s these chapters were measured on (2026-10-28: 788 TFLOP/s)
 DATASHEET_TFLOPS, MEASURED_GEMM_TFLOPS = 990, 788
 
 
