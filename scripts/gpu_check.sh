@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark (the H200 is lent by the half hour). Logs go into $1 (default gpu-logs/);
+# Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
 # $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05, bench06, bench07, bench08
 # (pytest-benchmark files), profile (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]),
 # latency, batch, long, long-hf-32k, ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same
 # KV memory, KV_GIBS, and max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default;
-# longer than one 10-minute device call).
+# longer than one 10-minute run).
 # LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
-# On the lent machine: bash scripts/gpu_check.sh "$OUT" tests   (LOGS_TAR=F: also one archive of the logs at F)
+# e.g. bash scripts/gpu_check.sh gpu-logs tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (nvidia-smi not found); it runs the GPU tests and benchmarks"; exit 2; }
 logs=${1:-gpu-logs}
@@ -14,7 +14,7 @@ part=${2:-all}
 want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 TINY_VLLM_CACHE=${TINY_VLLM_CACHE:-/tmp/tiny-vllm-cache}
-if [ -d .whl ]; then  # the lent machine lacks nvmath-python: install the carried wheels
+if [ -d .whl ]; then  # a machine without nvmath-python installed: install the wheels in .whl/
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
 fi
@@ -104,6 +104,6 @@ fi
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
 fi
-[ -n "${LOGS_TAR:-}" ] && tar czf "$LOGS_TAR" -C "$logs" .   # the device tool returns few files: one archive
+[ -n "${LOGS_TAR:-}" ] && tar czf "$LOGS_TAR" -C "$logs" .   # all the logs as one file, to copy off the machine
 echo "== overall status $status"
 exit $status
