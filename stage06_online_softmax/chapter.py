@@ -2,12 +2,16 @@
 data-driven ones.
 
   bytes-per-row      what one query row reads from HBM per cached key, from the kernels' own tile parameters
+  against-stage05    `long`, `ragged` and `latency`: this stage beside stage05 and HF sdpa in the runs that had them
+                     both, read from the committed result files that each row names
   attention-kernels  the committed pytest-benchmark runs of bench_attention.py: decode against its floor, prefill's
                      achieved TFLOP/s against the tensor cores' ceiling
 """
 from __future__ import annotations
 
-from common.readme import pytest_bench
+import json
+
+from common.readme import RESULTS, pytest_bench
 from common.synthetic import PRESETS
 
 from .kernels import ATTENTION_THREADS, TILE_M, tile_rows
@@ -69,4 +73,74 @@ def attention_kernels() -> str:
     return "\n".join(lines).rstrip()
 
 
-GENERATORS = {"bytes-per-row": bytes_per_row, "attention-kernels": attention_kernels}
+# The runs of the code as it stands (the tiles kernel with cp.async), each beside stage05 or HF sdpa: `long` at
+# 2048 and 8192 (hf-sdpa, 05, 06) and at 32768 (hf-sdpa, 06), `ragged` (05, 06), and `latency` four times (05 and
+# 06 in both orders, then 05, 06, 07 on another machine), since batch 1 moves more between runs than between the
+# engines
+LONG = ("long-hf-sdpa-05-06_004652", "long-hf-sdpa-06_004853")
+RAGGED = ("ragged-05-06_005053",)
+LATENCY = ("latency-05-06_004835", "latency-06-05_005316", "latency-05-06_005335", "latency-05-06-07_130608")
+THIS = __package__                    # this stage's folder: the engine name its results carry
+ENGINES = ("stage05_continuous_batch", THIS, "hf-sdpa")
+
+
+def _result(name: str) -> dict:
+    return json.loads((RESULTS / f"NVIDIA-H200_2026-12-04_{name}.json").read_text())
+
+
+def against_stage05() -> str:
+    """One row per figure: stage05, stage06 and hf-sdpa where the run had them (median of its repeats, min-max),
+    stage06's gain on each (above 1: stage06 better, whichever way the figure points), and the run's file."""
+    def cell(s, key, fmt):
+        if key not in s:
+            return "-"
+        lo, hi = s.get("spread", {}).get(key, (None, None))
+        return fmt(s[key]) + (f" ({fmt(lo)}-{fmt(hi)})" if lo is not None and fmt(lo) != fmt(hi) else "")
+
+    runs = [_result(name) for name in LONG + RAGGED + LATENCY]
+    (gpu,), (repeats,) = {r["environment"]["gpu"] for r in runs}, {r["repeats"] for r in runs}
+    weight_gb = runs[-1]["stages"][THIS]["weight_bytes"] / 1e9
+    rows = [f"Measured 2026-12-04 on {gpu} (`common.bench`, each engine in its own process; the median of "
+            f"{repeats} repeats, min-max; a result file is `benchmarks/results/NVIDIA-H200_2026-12-04_<name>.json`; "
+            f"the floor of a batch-1 step reads the {weight_gb:.2f} GB of weights once at the copy bandwidth "
+            "measured in the run):", "",
+            "| workload | figure | `stage05` | `stage06` | `hf-sdpa` | stage06's gain on stage05 | on hf-sdpa | "
+            "floor | result file |", "|" + " --- |" * 9]
+
+    def add(workload, figure, name, r, key, fmt, lower_is_better=False, floor="-"):
+        s = r["stages"]
+        values = [s.get(e, {}).get(key) for e in ENGINES]
+        gains = ["-" if v is None or values[1] is None else
+                 f"{(v / values[1] if lower_is_better else values[1] / v):.2f}x" for v in (values[0], values[2])]
+        rows.append(f"| {workload} | {figure} | " + " | ".join(cell(s.get(e, {}), key, fmt) for e in ENGINES)
+                    + f" | {gains[0]} | {gains[1]} | {floor} | `{name}` |")
+
+    for name in LONG:
+        r = _result(name)
+        for n in (2048, 8192, 32768):
+            if f"prefill_tok_per_s_at_{n}" not in r["stages"][THIS]:
+                continue
+            what = f"long, {n:,}-token prompt"
+            add(what, "prefill tok/s", name, r, f"prefill_tok_per_s_at_{n}", lambda x: f"{x:,.0f}")
+            add(what, "GB beyond the weights", name, r, f"memory_beyond_weights_gb_at_{n}", lambda x: f"{x:.2f}",
+                lower_is_better=True)
+            add(what, "ms per decode step after it", name, r, f"ms_per_decode_step_at_{n}", lambda x: f"{x:.2f}",
+                lower_is_better=True)
+    for name in RAGGED:
+        r = _result(name)
+        add("ragged", "output tok/s", name, r, "output_tok_per_s", lambda x: f"{x:,.0f}")
+        add("ragged", "median time to first token, s", name, r, "ttft_ms", lambda x: f"{x / 1e3:.2f}",
+            lower_is_better=True)
+        add("ragged", "ms per decode step (median)", name, r, "ms_per_decode_step", lambda x: f"{x:.2f}",
+            lower_is_better=True)
+    for name in LATENCY:
+        r = _result(name)
+        weights = r["stages"][THIS]["weight_bytes"]
+        floor = weights / (r["environment"]["copy_bandwidth_gb_per_s"] * 1e9) * 1e3
+        add("latency", "ms per decode step", name, r, "ms_per_decode_step", lambda x: f"{x:.2f}",
+            lower_is_better=True, floor=f"{floor:.2f} ms")
+    return "\n".join(rows)
+
+
+GENERATORS = {"bytes-per-row": bytes_per_row, "against-stage05": against_stage05,
+              "attention-kernels": attention_kernels}
