@@ -288,8 +288,9 @@ def test_tokens_are_counted_before_they_are_sent(tiny_dir):
     assert seen[-1][0] == 5 and seen[-1][2] == 0
 
 
-def post(url, body: bytes):
-    req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+def post(url, body: bytes | None, method="POST", content_type="application/json"):
+    """(status, the JSON answer) of a raw request, errors included."""
+    req = urllib.request.Request(url, body, {"Content-Type": content_type} if content_type else {}, method=method)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())

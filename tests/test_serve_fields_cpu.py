@@ -3,8 +3,6 @@ max_tokens against max_model_len, chat content as a list of parts and the develo
 cannot honour (accepted at their neutral value only), metadata (accepted), unknown fields (refused), and the
 framework's own errors (a body that is not UTF-8, an unknown route, a wrong method)."""
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -128,15 +126,6 @@ def test_model_may_be_left_out(server):
 
 
 # ---------------------------------------------------------------- every error in OpenAI's shape
-def raw(url, body: bytes | None, method="POST", content_type="application/json"):
-    req = urllib.request.Request(url, body, {"Content-Type": content_type} if content_type else {}, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 @pytest.mark.parametrize("path, method, body, status, words", [
     ("/v1/completions", "POST", b'{"model": "tiny", "prompt": "\xff\xfe"}', 400, "not valid JSON text"),
     ("/v1/completions", "POST", b'[1, 2]', 400, "must be a JSON object"),
@@ -147,7 +136,7 @@ def raw(url, body: bytes | None, method="POST", content_type="application/json")
     ("/health", "POST", b'{}', 405, "POST is not allowed on /health"),
 ])
 def test_framework_errors_keep_the_openai_shape(server, path, method, body, status, words):
-    code, answer = raw(server[0] + path, body, method)
+    code, answer = post(server[0] + path, body, method)
     assert code == status and is_openai_error(answer) and words in answer["error"]["message"], answer
     assert answer["error"]["code"] == status
 
@@ -155,6 +144,6 @@ def test_framework_errors_keep_the_openai_shape(server, path, method, body, stat
 def test_malformed_bodies_of_both_endpoints_keep_the_openai_shape(server):
     for path in ("/v1/completions", "/v1/chat/completions"):
         for body in (b'{"model": "tiny", "prompt": 3, "messages": 3}', b'{bad', b'null'):
-            code, answer = raw(server[0] + path, body)
+            code, answer = post(server[0] + path, body)
             assert code == 400 and is_openai_error(answer), (path, body, answer)
 
