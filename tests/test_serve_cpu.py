@@ -232,7 +232,7 @@ def test_a_request_whose_client_disconnects_is_aborted_streamed_or_not(server, s
 
 
 def test_a_prompt_being_encoded_does_not_stall_the_event_loop(server, monkeypatch):
-    """While one request's prompt is encoded (a fake that waits for /health to have answered, at most 5 s), the
+    """While one request's prompt is encoded (a fake that waits for /health to have answered, at most 20 s), the
     event loop answers /health: encoding runs on the tokenizer's pool, not on the loop. Ordered by events, not
     by timing."""
     import common.serve.app as app
@@ -243,7 +243,7 @@ def test_a_prompt_being_encoded_does_not_stall_the_event_loop(server, monkeypatc
     def slow_encode(tokenizer, text, add_special_tokens):
         if text == "a huge prompt, say":
             encoding.set()
-            saw.append(health_answered.wait(5))   # on the event loop this would block /health until it gives up
+            saw.append(health_answered.wait(20))  # on the event loop this would block /health until it gives up
         return real(tokenizer, text, add_special_tokens)
 
     monkeypatch.setattr(app, "encode_text", slow_encode)
