@@ -99,14 +99,18 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
     plain numpy reference engine."""
     ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=__doc__.split("\n\n")[0])
     add_model_flags(ap)
-    ap.add_argument("--prompt", required=True)
+    ap.add_argument("--prompt", required=True, help="the text to continue (or, with --chat, the user's message)")
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the Llama 3.2 Instruct chat template")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--temperature", type=float, default=SamplingParams.temperature)
-    ap.add_argument("--top-p", type=float, default=SamplingParams.top_p)
-    ap.add_argument("--top-k", type=int, default=SamplingParams.top_k)
-    ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default %(default)s)")
+    ap.add_argument("--temperature", type=float, default=SamplingParams.temperature,
+                    help="0 is greedy (default %(default)s)")
+    ap.add_argument("--top-p", type=float, default=SamplingParams.top_p,
+                    help="sample from the smallest set of tokens this likely (default %(default)s: all)")
+    ap.add_argument("--top-k", type=int, default=SamplingParams.top_k,
+                    help="sample from the k likeliest tokens (default %(default)s: all)")
+    ap.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: a random one)")
+    ap.add_argument("--max-model-len", type=int, default=None,
+                    help="prompt and output tokens at most (default: the model's, at most 4096)")
     args = ap.parse_args(argv)
     on_gpu = probe_gpu()[0]
     model = default_model(args.model, on_gpu)
@@ -115,6 +119,7 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
         utf8_text("--prompt", args.prompt)
         params = sampling_params(args)
         if not on_gpu:
+            Checkpoint(resolve_model(model))      # a bad --model is refused before anything claims to run on it
             what = "this stage's loop over the numpy forward" if cpu_engine else "the numpy reference engine"
             print(no_gpu_line(f"running {what} on {model} instead", args.verbose))
         announce_preset(model)
@@ -133,7 +138,8 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
         print(f"error: {e}", file=sys.stderr)
         return 2
     took = time.perf_counter() - start
-    print(f"\n[{n} tokens in {took:.2f} s, {n / took:.1f} tok/s, finish_reason={reason!r}, "
+    rate = f"{n / took:.1f}" if n >= took else f"{n / took:.3f}"      # a 1B on a CPU makes under one a second
+    print(f"\n[{n} tokens in {took:.2f} s, {rate} tok/s, finish_reason={reason!r}, "
           f"time to first token {engine.timings[-1].ttft_s * 1e3:.1f} ms]")
     return 0
 

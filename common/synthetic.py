@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from common.bf16 import f32_to_bf16
-from common.checkpoint import INDEX_FILE, SINGLE_FILE
+from common.checkpoint import INDEX_FILE, SINGLE_FILE, CheckpointError
 from common.config import LlamaConfig, RopeScaling
 
 LLAMA3_EOS = (128001, 128008, 128009)
@@ -184,9 +184,12 @@ def build_tokenizer(n_regular: int = 128000):
 
 # ---------------------------------------------------------------------------- presets on disk
 def resolve_model(model: str | Path) -> Path:
-    """A checkpoint folder as given, or a preset name -> its folder in the cache (written on first use)."""
+    """A checkpoint folder as given, or a preset name -> its folder in the cache (written on first use). A bare
+    name that is neither (a mistyped preset, say) is refused naming the presets."""
     if str(model) in PRESETS:
         return ensure_preset(str(model))
+    if not Path(model).exists() and len(Path(model).parts) == 1:
+        raise CheckpointError(f"{model}: no such checkpoint folder, nor a preset ({', '.join(PRESETS)})")
     return Path(model)
 
 

@@ -67,3 +67,13 @@ def test_logits_are_peaked_and_not_degenerate(tiny_dir, seed):
     generated = seq[5:]
     assert len(set(generated)) >= 8, f"greedy output collapses onto few tokens: {generated}"
     assert np.mean([a == b for a, b in zip(generated, generated[1:])]) < 0.5, "greedy output repeats itself"
+
+
+def test_a_mistyped_preset_is_refused_naming_the_presets(tmp_path, monkeypatch):
+    from common.checkpoint import CheckpointError
+    from common.synthetic import resolve_model
+
+    monkeypatch.chdir(tmp_path)                                   # no folder called "tinny" here
+    with pytest.raises(CheckpointError, match=r"^tinny: no such checkpoint folder, nor a preset \(tiny, small, "):
+        resolve_model("tinny")
+    assert resolve_model(tmp_path / "any" / "path") == tmp_path / "any" / "path"   # a path: Checkpoint says more

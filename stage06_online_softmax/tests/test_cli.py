@@ -97,6 +97,7 @@ def test_given_model_is_validated_never_swapped(kind, tiny_dir, tmp_path, capsys
     out, err = capsys.readouterr()
     assert named in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "tokens in" not in out                                  # nothing was generated from another model
+    assert "instead" not in out          # and no line said what would run on it: it was refused before that
 
 
 @pytest.mark.skipif(has_gpu()[0], reason="the no-GPU line is printed only without a GPU")
