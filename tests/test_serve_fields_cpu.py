@@ -68,6 +68,9 @@ def test_a_non_text_part_is_refused_naming_its_type(server):
     code, answer = chat(server, [{"role": "user", "content": parts}])
     assert code == 400 and "'image_url'" in answer["error"]["message"]
     assert answer["error"]["param"] == "messages.0.content.1.type"
+    code, answer = chat(server, [{"role": "user", "content": ["Hi"]}])          # a bare string is not a part
+    assert code == 400 and answer["error"]["param"] == "messages.0.content.0", answer
+    assert answer["error"]["message"].startswith('messages.0.content.0: a content part is {"type": "text"')
 
 
 def test_developer_is_system_and_an_assistant_may_have_null_content(server, reference):

@@ -150,7 +150,7 @@ class CompletionRequest(_Common):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict] | None = None
+    content: str | list | None = None               # a list of parts, each checked in template_message
     name: str | None = None                          # metadata: the template has no place for it
     tool_calls: list | None = None                   # only empty: tools are not supported
 
@@ -170,6 +170,9 @@ class ChatMessage(BaseModel):
             return {"role": role, "content": self.content}
         texts = []
         for j, part in enumerate(self.content):
+            if not isinstance(part, dict):
+                raise OpenAIError(400, f"{where}.content.{j}: a content part is {{\"type\": \"text\", \"text\": "
+                                  f"string}}, not {part!r}", f"{where}.content.{j}")
             kind = part.get("type")
             if kind != "text":
                 raise OpenAIError(400, f"{where}.content.{j}: a content part of type {kind!r} is not supported "
