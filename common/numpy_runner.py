@@ -78,14 +78,13 @@ class NumpyRunner:
         if updates is not None and len(updates):
             self.table.reshape(-1)[updates[:, 0]] = updates[:, 1]
         logits = self.forward(tokens, x.positions, x.slot_mapping, x.seq_slots, x.logit_rows)   # (n, V)
-        ids = np.array([sample_reference(row, *self._sampler(slot, counter))
-                        for row, slot, counter in zip(logits, x.logit_seq_slots, x.counters)], np.int32)
+        ids = logits.argmax(axis=1).astype(np.int32)                        # greedy rows: the reference's rule
+        for i, (slot, counter) in enumerate(zip(x.logit_seq_slots, x.counters)):
+            params, seed = self.params[slot]
+            if not params.greedy:                                          # a generator only where one draws
+                ids[i] = sample_reference(logits[i], params, np.random.default_rng([seed, int(counter)]))
         self._last_ids = ids
         return ids
-
-    def _sampler(self, seq_slot, counter):
-        params, seed = self.params[seq_slot]
-        return params, np.random.default_rng([seed, int(counter)])
 
     def key_slots(self, seq_slot: int, n: int) -> np.ndarray:
         """Cache slots of positions 0..n-1 of the sequence in seq_slot."""
