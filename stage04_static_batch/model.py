@@ -82,7 +82,7 @@ class Model:
         cols = buf.shape[1]
         return buf.view(first * cols * (buf.nbytes // buf.size), (n, cols))
 
-    def _copy_in(self, dst: DeviceArray, host: np.ndarray) -> None:
+    def copy_in(self, dst: DeviceArray, host: np.ndarray) -> None:
         """Copy host bytes into the start of dst, through the pinned staging buffer (queued, not waited for)."""
         stage = self.gpu.staging(host.nbytes)
         self.gpu.sync()                                     # the staging buffer may still feed an earlier copy
@@ -97,7 +97,7 @@ class Model:
         host[8 * B:8 * B + 4 * n].view(np.float32)[:] = [s.params.temperature for s in seqs]
         host[12 * B:12 * B + 4 * n].view(np.int32)[:] = [s.params.top_k for s in seqs]
         host[16 * B:16 * B + 4 * n].view(np.float32)[:] = [s.params.top_p for s in seqs]
-        self._copy_in(self.sampling, host)
+        self.copy_in(self.sampling, host)
 
     def upload_step(self, step: StepInputs) -> tuple[DeviceArray, DeviceArray, DeviceArray, DeviceArray]:
         """Queue the copy of a step's inputs to the GPU (one copy); returns the device views that run_uploaded()
@@ -109,7 +109,7 @@ class Model:
                              f"and {self.max_batch_size} sequences")
         if self.config.num_attention_heads * R * step.max_keys > self.scores.size:
             raise ValueError(f"{R} rows over {step.max_keys} keys exceed the attention scratch")
-        self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
+        self.copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
                                                   step.counters]).astype(np.int32))
         at = self.inputs.view
         self.counters = at(4 * (3 * R + n), (B,))

@@ -109,7 +109,7 @@ class Model:
         cols = buf.shape[1]
         return buf.view(first * cols * (buf.nbytes // buf.size), (n, cols))
 
-    def _copy_in(self, dst: DeviceArray, host: np.ndarray) -> None:
+    def copy_in(self, dst: DeviceArray, host: np.ndarray) -> None:
         """Copy host bytes into the start of dst, through the pinned staging buffer (queued, not waited for)."""
         stage = self.gpu.staging(host.nbytes)
         self.gpu.sync()                                     # the staging buffer may still feed an earlier copy
@@ -124,7 +124,7 @@ class Model:
         host[8 * B + 4 * seq_slot:8 * B + 4 * seq_slot + 4].view(np.float32)[0] = params.temperature
         host[12 * B + 4 * seq_slot:12 * B + 4 * seq_slot + 4].view(np.int32)[0] = params.top_k
         host[16 * B + 4 * seq_slot:16 * B + 4 * seq_slot + 4].view(np.float32)[0] = params.top_p
-        self._copy_in(self.sampling, host)
+        self.copy_in(self.sampling, host)
 
     def upload_step(self, step: StepInputs, logits: DeviceArray | None = None) -> tuple[DeviceArray, ...]:
         """Queue the copy of a step's inputs to the GPU (one copy); returns the device views that run_uploaded()
@@ -150,7 +150,7 @@ class Model:
                              f"{self.cache.num_blocks} blocks")
         if len(updates) > 2 * self.max_rows:
             raise ValueError(f"{len(updates)} block-table updates in one step: the inputs hold {2 * self.max_rows}")
-        self._copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
+        self.copy_in(self.inputs, np.concatenate([step.tokens, step.positions, step.slot_mapping, step.logit_rows,
                                                   step.logit_seq_slots, step.counters, prompt.reshape(-1),
                                                   decode.reshape(-1), updates.reshape(-1)]).astype(np.int32))
         at, np_, nd, nu = self.inputs.view, len(prompt), len(decode), len(updates)
