@@ -34,6 +34,11 @@ class Cublas:
         self._alpha = np.ones(1, dtype=np.float32)
         self._beta = np.zeros(1, dtype=np.float32)
 
+    @property
+    def version(self) -> int:
+        """cuBLAS's version: which kernel its heuristic runs for a shape, and so its time, may change with it."""
+        return int(self._cublas.get_version(self.handle))
+
     def linear(self, x: DeviceArray, w: DeviceArray, y: DeviceArray) -> None:
         """y = x @ w^T.   x: (M, K) bf16, w: (N, K) bf16, y: (M, N) bf16 or f32; fp32 accumulation."""
         from nvmath import CudaDataType

@@ -19,10 +19,8 @@ grids and their arguments (pointers and scalars) are the captured ones. So:
 Before capture, each layer GEMM is timed at each captured size up to 8 rows, cuBLAS against gemv.cu (a kernel that
 only streams the weights) with 1, 2, 4 and 8 warps a column, from graphs of all the layers' GEMMs of that shape (so
 the weights come from HBM, not L2, and no launch gap is timed); gemv.cu's fastest is captured where it takes at
-most GEMV_GAIN of cuBLAS's time (pick_gemms). Every layer GEMM gemv.cu did not take, at every captured size, is then
-timed through each of cuBLASLt's ranked algorithms for its shape against cuBLAS's own choice, and the fastest is
-captured where it takes at most LT_GAIN of that time (pick_lt_algos). Each shape is timed once per machine: the
-times are kept on disk (gemm_timings.py), so every later engine takes the same kernels and gives the same bits.
+most GEMV_GAIN of cuBLAS's time (pick_gemms). Each shape is timed once per machine: the times are kept on disk
+(gemm_timings.py), so every later engine takes the same kernels and gives the same bits.
 
 Only steps of decode rows replay; a step with a prompt chunk runs eagerly (its shapes vary with the chunk), as
 vLLM's first engine did. Block-table updates, which vary in number, are written by their kernel before the replay.
@@ -38,7 +36,6 @@ import time
 
 import numpy as np
 
-from .cublaslt import CANDIDATES
 from .gemm_timings import GemmTimings
 from .kernels import GEMV_MAX_ROWS, GEMV_SPLITS, decode_split
 from .packing import StepInputs
@@ -52,8 +49,6 @@ FIELDS = (("tokens", 1, 0), ("positions", 1, 0), ("slot_mapping", 1, -1), ("logi
 GEMV_GAIN = 0.9         # gemv.cu replaces cuBLAS only where it takes at most 0.9 of cuBLAS's time: a near tie
 #                         would flip with the timing noise from one engine to the next, and with it the rounding
 #                         of the logits, so two engines on one machine could part at a greedy near-tie
-LT_GAIN = 0.9           # a cuBLASLt algorithm replaces cuBLAS's own choice only where it takes at most 0.9 of its
-#                         time, for the same reason
 GEMM_BUFFERS = {"qkv": ("h", "qkv"), "o": ("attn", "d"), "gate_up": ("h", "gate_up"), "down": ("act", "d")}
 
 
@@ -97,41 +92,6 @@ def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, 
             times[(name, m)] = (blas, mine, split)
             if mine <= GEMV_GAIN * blas:
                 model.gemv_shapes[(m, N, K)] = split
-    return times
-
-
-def pick_lt_algos(model, rows: list[int], timings: GemmTimings
-                  ) -> dict[tuple[str, int], tuple[float, float | None, object]]:
-    """For each layer GEMM and each M in `rows` that gemv.cu did not take (pick_gemms first): cuBLAS's gemm_ex
-    against each of the cuBLASLt heuristic's ranked algorithms (cublaslt.CANDIDATES of them), timed as
-    pick_gemms times, or as `timings` kept them (the fastest's rank in the heuristic's list). Where the fastest
-    takes at most LT_GAIN of gemm_ex's time, model.lt_algos maps its (M, N, K) to it. Returns (name, M) ->
-    (gemm_ex us, the fastest candidate's us, that Algo); None, None where the heuristic offered none."""
-    times = {}
-    for name, (src, dst) in GEMM_BUFFERS.items():
-        weights = [layer[name] for layer in model.layers]
-        (N, K), L = weights[0].shape, len(weights)
-        for m in rows:
-            if (m, N, K) in model.gemv_shapes:
-                continue
-            x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
-            candidates = model.lt.candidates(m, N, K, y.dtype)
-            kept = timings.get("cublaslt", (m, N, K, L))
-            if kept is not None:
-                blas, best, rank = kept
-                algo = next((a for a in candidates if a.rank == rank), None)
-                if rank is not None and algo is None:    # the heuristic offers it no more: time again
-                    kept = None
-            if kept is None:
-                model.gpu.fill_bytes(x, 0)
-                blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, w, y) for w in weights]) / L
-                timed = [(gpu_us(model.gpu, lambda a=a: [model.lt.linear(x, w, y, a) for w in weights]) / L,
-                          a.rank, a) for a in candidates]
-                best, _, algo = min(timed, key=lambda t: t[:2], default=(None, None, None))
-                timings.put("cublaslt", (m, N, K, L), [blas, best, algo.rank if algo else None])
-            times[(name, m)] = (blas, best, algo)
-            if best is not None and best <= LT_GAIN * blas:
-                model.lt_algos[(m, N, K)] = algo
     return times
 
 
@@ -200,7 +160,6 @@ class DecodeGraphs:
         self.capture_s, self.graph_bytes = 0.0, 0
         self.timed_now, self.timings_file = 0, None     # GEMM shapes timed by this engine; where the times are kept
         self.gemm_us: dict[tuple[str, int], tuple[float, float]] = {}
-        self.lt_us: dict[tuple[str, int], tuple] = {}
 
     # ------------------------------------------------------------------ at start
     def _views(self, size: int):
@@ -220,13 +179,12 @@ class DecodeGraphs:
         self.model.queue_sample_rows(size, seq_slots, counters)
 
     def capture(self) -> None:
-        """Pick each small GEMM's kernel (pick_gemms) and each other GEMM's algorithm (pick_lt_algos), then
-        capture a graph for every size, largest first, each after one eager run of the same work (cuBLAS and the
-        launch configurations set themselves up outside the capture), on inputs of padding rows only."""
+        """Pick each small GEMM's kernel (pick_gemms), then capture a graph for every size, largest first, each
+        after one eager run of the same work (cuBLAS and the launch configurations set themselves up outside the
+        capture), on inputs of padding rows only."""
         t0 = time.perf_counter()
-        timings = GemmTimings.for_model(self.model, GEMV_SPLITS, CANDIDATES)
+        timings = GemmTimings.for_model(self.model, GEMV_SPLITS)
         self.gemm_us = pick_gemms(self.model, self.sizes, timings)
-        self.lt_us = pick_lt_algos(self.model, self.sizes, timings)
         self.timed_now, self.timings_file = len(timings.new), timings.path
         timings.save()
         free0, _ = self.gpu.memory()

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from ..gemm_timings import GemmTimings
-from ..graphs import GEMV_GAIN, LT_GAIN, pick_gemms, pick_lt_algos
+from ..graphs import GEMV_GAIN, pick_gemms
 
 
 def test_entries_saved_are_read_back_by_the_next_engine(tmp_path):
@@ -25,9 +25,9 @@ def test_an_unreadable_file_is_timed_anew_and_replaced(tmp_path):
     path.write_text("{ not json")
     t = GemmTimings(path)
     assert t.entries == {}
-    t.put("cublaslt", (8, 64, 32, 2), [9.0, 7.5, 3])
+    t.put("gemv", (8, 64, 32, 2), [9.0, 7.5, 4])
     t.save()
-    assert GemmTimings(path).get("cublaslt", (8, 64, 32, 2)) == [9.0, 7.5, 3]
+    assert GemmTimings(path).get("gemv", (8, 64, 32, 2)) == [9.0, 7.5, 4]
 
 
 def test_the_first_timing_of_an_entry_stays_when_two_engines_write(tmp_path):
@@ -43,19 +43,19 @@ def test_the_first_timing_of_an_entry_stays_when_two_engines_write(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_the_file_is_named_by_the_gpu_the_library_and_the_candidates(tmp_path, monkeypatch):
+def test_the_file_is_named_by_the_gpu_the_library_and_the_warps_tried(tmp_path, monkeypatch):
     monkeypatch.setenv("TINY_VLLM_CACHE", str(tmp_path))
 
     def model(gpu="NVIDIA H200", version=130100):
-        return SimpleNamespace(gpu=SimpleNamespace(name=gpu), lt=SimpleNamespace(version=version))
+        return SimpleNamespace(gpu=SimpleNamespace(name=gpu), cublas=SimpleNamespace(version=version))
 
-    path = GemmTimings.for_model(model(), (1, 2, 4, 8), 8).path
+    path = GemmTimings.for_model(model(), (1, 2, 4, 8)).path
     assert path.parent == tmp_path / "gemm-timings"
-    assert GemmTimings.for_model(model(), (1, 2, 4, 8), 8).path == path
-    others = {GemmTimings.for_model(model(gpu="NVIDIA H100"), (1, 2, 4, 8), 8).path,
-              GemmTimings.for_model(model(version=130200), (1, 2, 4, 8), 8).path,
-              GemmTimings.for_model(model(), (1, 2, 4), 8).path, GemmTimings.for_model(model(), (1, 2, 4, 8), 4).path}
-    assert path not in others and len(others) == 4
+    assert GemmTimings.for_model(model(), (1, 2, 4, 8)).path == path
+    others = {GemmTimings.for_model(model(gpu="NVIDIA H100"), (1, 2, 4, 8)).path,
+              GemmTimings.for_model(model(version=130200), (1, 2, 4, 8)).path,
+              GemmTimings.for_model(model(), (1, 2, 4)).path}
+    assert path not in others and len(others) == 3
 
 
 class Untimeable:
@@ -65,11 +65,10 @@ class Untimeable:
         raise AssertionError(f"timed although the timings were kept ({name})")
 
 
-def fake_model(shapes: dict, candidates=()):
+def fake_model(shapes: dict):
     layers = [{name: SimpleNamespace(shape=shape, ptr=0) for name, shape in shapes.items()} for _ in range(2)]
-    lt = SimpleNamespace(candidates=lambda m, n, k, dtype: list(candidates))
-    return SimpleNamespace(layers=layers, gemv_shapes={}, lt_algos={}, gpu=Untimeable(), cublas=Untimeable(),
-                           kernels=Untimeable(), lt=lt, h=None, qkv=None, attn=None, d=None, gate_up=None, act=None,
+    return SimpleNamespace(layers=layers, gemv_shapes={}, gpu=Untimeable(), cublas=Untimeable(),
+                           kernels=Untimeable(), h=None, qkv=None, attn=None, d=None, gate_up=None, act=None,
                            row_view=lambda buf, first, n: SimpleNamespace(dtype="bf16"))
 
 
@@ -84,15 +83,3 @@ def test_kept_gemv_timings_pick_without_timing(tmp_path, mine, taken):
     times = pick_gemms(model, [1, 2, 16], timings)
     assert sorted(times) == sorted((name, m) for name in shapes for m in (1, 2))   # 16 rows: not gemv.cu's
     assert model.gemv_shapes == ({(m, n, k): 4 for n, k in shapes.values() for m in (1, 2)} if taken else {})
-
-
-def test_kept_cublaslt_timings_pick_the_kept_rank_without_timing(tmp_path):
-    shapes = {"qkv": (48, 32), "o": (32, 32), "gate_up": (128, 32), "down": (32, 64)}
-    ranked = [SimpleNamespace(rank=r) for r in range(3)]
-    timings = GemmTimings(tmp_path / "t.json")
-    for name, (n, k) in shapes.items():
-        timings.put("cublaslt", (16, n, k, 2), [10.0, LT_GAIN * 10.0 - 0.5 if name == "o" else 9.8, 2])
-    model = fake_model(shapes, ranked)
-    times = pick_lt_algos(model, [16], timings)
-    assert {key: t[2].rank for key, t in times.items()} == {(name, 16): 2 for name in shapes}
-    assert model.lt_algos == {(16, 32, 32): ranked[2]}                   # only o's gain passes LT_GAIN

@@ -19,8 +19,8 @@ in it: what batching buys.
         d = (silu(g) * u) @ Wdown^T
     x += d;  h = rms_norm(x) * w_final;  logits = h[logit_rows] @ E^T   (the LM head is the embedding, tied)
 
-Each layer GEMM goes through linear(): cuBLAS, gemv.cu for the few-row shapes where it was measured faster at
-start (graphs.pick_gemms), or a cuBLASLt algorithm measured faster than cuBLAS's own choice (graphs.pick_lt_algos).
+Each layer GEMM goes through linear(): gemv.cu for the few-row shapes where it was measured faster than cuBLAS at
+start (graphs.pick_gemms), cuBLAS for every other.
 
 Buffer reuse: every activation buffer is allocated once, for max_num_batched_tokens rows, and each forward uses
 its first R rows; the layers take turns in the same buffers. No allocation happens while generating, so the
@@ -42,7 +42,6 @@ from common.rope import rope_cos_sin
 
 from .block_manager import blocks_for
 from .cache import KVCache
-from .cublaslt import Algo, CublasLt
 from .kernels import ATTENTION_MAX_GROUP, Kernels, decode_split, tile_rows
 from .packing import StepInputs, plan_attention
 from .weights import GpuWeights
@@ -59,9 +58,6 @@ class Model:
                  max_model_len: int, max_num_batched_tokens: int, block_size: int):
         self.weights, self.config, self.gpu, self.kernels = weights, config, gpu, kernels
         self.cublas = Cublas(gpu)
-        self.lt = CublasLt(self.cublas)
-        self.lt_algos: dict[tuple[int, int, int], Algo] = {}   # (M, N, K) -> the cuBLASLt algorithm timed fastest
-        #                                                         (graphs.pick_lt_algos)
         self.gemv_shapes: dict[tuple[int, int, int], int] = {}   # (M, N, K) that take gemv.cu -> its warps a
         #                                                          column (graphs.pick_gemms)
         self.max_num_seqs, self.max_model_len = B, L = max_num_seqs, max_model_len
@@ -263,13 +259,10 @@ class Model:
 
     def linear(self, x: DeviceArray, w: DeviceArray, y: DeviceArray) -> None:
         """y = x @ w^T: gemv.cu for the (M, N, K) where it was measured faster than cuBLAS (with the warps a
-        column that were fastest), the cuBLASLt algorithm measured fastest where one was, else cuBLAS."""
-        shape = (x.shape[0], *w.shape)
-        split = self.gemv_shapes.get(shape)
+        column that were fastest), else cuBLAS."""
+        split = self.gemv_shapes.get((x.shape[0], *w.shape))
         if split is not None:
             self.kernels.gemv(x, w, y, split)
-        elif (algo := self.lt_algos.get(shape)) is not None:
-            self.lt.linear(x, w, y, algo)
         else:
             self.cublas.linear(x, w, y)
 

@@ -93,17 +93,12 @@ class Engine:
             g = self.graphs
             print(f"cuda graphs {len(g.sizes)} decode batch sizes {g.sizes[0]}..{g.sizes[-1]} captured in "
                   f"{g.capture_s:.2f} s, {g.graph_bytes / 2**20:.1f} MiB; GEMMs timed now: {g.timed_now} of "
-                  f"{len(g.gemm_us) + len(g.lt_us)}, the others as timed before on this machine ({g.timings_file})",
+                  f"{len(g.gemm_us)}, the others as timed before on this machine ({g.timings_file})",
                   file=sys.stderr)
             won = [f"{name} M={m} ({blas:.1f} -> {mine:.1f} us, {split} warps a column)"
                    for (name, m), (blas, mine, split) in self.graphs.gemm_us.items()
                    if (m, *self.model.layers[0][name].shape) in self.model.gemv_shapes]
             print(f"gemv       in place of cuBLAS for {len(won)} of {len(self.graphs.gemm_us)} (GEMM, rows): "
-                  f"{', '.join(won) or 'none'}", file=sys.stderr)
-            won = [f"{name} M={m} ({blas:.1f} -> {best:.1f} us, {algo})"
-                   for (name, m), (blas, best, algo) in self.graphs.lt_us.items()
-                   if algo is not None and self.model.lt_algos.get((m, *self.model.layers[0][name].shape)) is algo]
-            print(f"cublaslt   in place of cuBLAS for {len(won)} of {len(self.graphs.lt_us)} (GEMM, rows): "
                   f"{', '.join(won) or 'none'}", file=sys.stderr)
         self.llm = LLMEngine(GpuRunner(self.model, self.graphs), self.prompts, B, tokens,
                              BlockManager(num_blocks, bs), async_scheduling)

@@ -1,13 +1,13 @@
-"""The GEMM timings behind the kernel each small GEMM takes (graphs.pick_gemms, graphs.pick_lt_algos), kept on disk
-per machine, so every engine on it takes the kernels the first one timed.
+"""The GEMM timings behind the kernel each small GEMM takes (graphs.pick_gemms), kept on disk per machine, so every
+engine on it takes the kernels the first one timed.
 
 Timing anew at every start is noisy: where gemv.cu's warps a column, or its gain over cuBLAS, sit near a tie, two
 engines on one machine could pick differently, round their logits differently, and part at a near-tie greedy token
 (the server's tests compare two engines token for token). Kept, the first engine's timing decides for every later
 one: the same kernels, the same bits. It also saves the start its timing took (about a second for the 1B).
 
-The file is named by a hash of everything that can change what a timing means: the GPU's name, cuBLASLt's version
-(which ranks its candidates), gemv.cu and pdl.cuh as compiled, the warps a column tried and the candidates counted.
+The file is named by a hash of everything that can change what a timing means: the GPU's name, cuBLAS's version
+(which picks its kernel for a shape), gemv.cu and pdl.cuh as compiled, and the warps a column tried.
 An entry is keyed by kind, M, N, K and the number of layers timed (their weights stream from HBM, not L2, only when
 there are enough of them). Delete the file to time again.
 
@@ -35,9 +35,9 @@ class GemmTimings:
 
     @classmethod
     def for_model(cls, model, *config) -> GemmTimings:
-        """The file for this machine and code; `config` adds the candidates tried (they change what is timed)."""
+        """The file for this machine and code; `config` adds the warps a column tried (they change what is timed)."""
         h = hashlib.sha256()
-        for part in (model.gpu.name, str(model.lt.version), *map(repr, config),
+        for part in (model.gpu.name, str(model.cublas.version), *map(repr, config),
                      (KERNELS / "gemv.cu").read_text(), (KERNELS / "pdl.cuh").read_text()):
             h.update(part.encode())
             h.update(b"\0")
