@@ -1,0 +1,170 @@
+"""The continuous-batching loop, vLLM's LLMEngine shape: requests in, one planned forward a step, tokens out.
+
+    add_request(prompt, params, request_id=None) -> id     validated at once; queued (WAITING)
+    step() -> list[RequestOutput]                           schedule, pack, run the forward, record the tokens
+    abort_request(id)                                       frees its seq_slot and blocks now; an unknown id is
+                                                            a no-op
+    has_unfinished_requests()
+    generate(prompts, params) / stream(prompt, params)      built on the four above
+
+The loop knows nothing of the GPU: a runner does the forward (`runner.admit(seq)` writes a newly admitted
+sequence's sampling parameters into its seq_slot; `runner.run(step_inputs)` runs the packed rows and returns the
+sampled token of every logit row). The GPU runner is the model; tests/test_llm_engine_cpu.py drives this loop with
+a numpy runner on the CPU.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import secrets
+import time
+from dataclasses import replace
+
+from common.outputs import RequestOutput, Timing
+from common.prompts import PromptError, PromptPreparer
+from common.sampling import SamplingParams
+
+from .block_manager import BlockManager, blocks_for
+from .packing import pack
+from .scheduler import Scheduler, SchedulerStats
+from .sequence import Sequence
+
+
+class Report(enum.Enum):
+    """How step() reports a request that is not streamed as text."""
+
+    FINAL_ONLY = "final only"          # once, when it finishes, with all its text
+    TOKEN_IDS = "token ids"            # every step, token ids only
+
+
+FINAL_ONLY, TOKEN_IDS = Report.FINAL_ONLY, Report.TOKEN_IDS
+
+
+class LLMEngine:
+    def __init__(self, runner, prompts: PromptPreparer, max_num_seqs: int, max_num_batched_tokens: int,
+                 blocks: BlockManager):
+        self.runner, self.prompts, self.tokenizer = runner, prompts, prompts.tokenizer
+        self.max_model_len = prompts.max_model_len
+        self.blocks = blocks
+        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, blocks)
+        self._auto_ids = itertools.count()
+        self._live: dict = {}          # request id -> how step() reports it: its text stream (a DetokenizeStream),
+        #                                FINAL_ONLY, or TOKEN_IDS (no text: the caller detokenises)
+        self.timings: list[Timing] = []   # generate() / stream(): each request's, in prompt order
+
+    # ------------------------------------------------------------------ the step API
+    def add_request(self, prompt, params: SamplingParams, request_id=None, detokenize: bool = True):
+        """Validate and queue one request; returns its id. A bad prompt, params or id raises here, and the
+        engine is left as it was. detokenize=False (vLLM's SamplingParams.detokenize): step() gives its token
+        ids and no text, for a caller that detokenises elsewhere (the server, off the engine's thread)."""
+        return self._add(prompt, params, request_id, TOKEN_IDS if not detokenize else None).request_id
+
+    def _add(self, prompt, params: SamplingParams, request_id, kind=None) -> Sequence:
+        """kind FINAL_ONLY (vLLM's RequestOutputKind.FINAL_ONLY, which its generate() uses): step() reports the
+        request once, when it finishes, with its text decoded then; no text is streamed token by token."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
+        ids = self.prompts.encode(prompt)
+        if request_id is None:
+            request_id = f"req-{next(self._auto_ids)}"
+        if request_id in self._live:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        # the most positions it will cache: all but its last token, whose K/V are never computed
+        positions = min(len(ids) + params.max_tokens - 1, self.max_model_len - 1)
+        need, pool = blocks_for(positions, self.blocks.block_size), self.blocks.num_blocks
+        if need > pool:                            # it could never run, even alone: refuse it now, not later
+            raise PromptError(f"request of {len(ids)} prompt tokens and max_tokens={params.max_tokens} needs "
+                             f"{need} KV cache blocks of {self.blocks.block_size} positions ({positions} "
+                             f"positions) and the cache holds {pool}: lower max_tokens, or give the engine more "
+                             "KV cache memory")
+        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        seq = Sequence(request_id, ids, params, self.prompts.stop_ids(params), seed, Timing(len(ids)))
+        self._live[request_id] = kind or self.tokenizer.stream()
+        self.scheduler.add(seq)
+        return seq
+
+    def abort_request(self, request_id) -> None:
+        if self.scheduler.abort(request_id) is not None:
+            del self._live[request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def num_requests(self) -> tuple[int, int]:
+        """(running, waiting): running requests hold a seq_slot each."""
+        return len(self.scheduler.running), len(self.scheduler.waiting)
+
+    def kv_cache_usage(self) -> float:
+        """The share of the KV cache's blocks held by running requests."""
+        return self.blocks.usage()
+
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            return []
+        for c in plan.chunks:
+            if c.start == 0:                       # its first chunk: (re)admitted in this schedule()
+                self.runner.admit(c.seq)
+        x = pack(plan, self.max_model_len, self.blocks.block_size)
+        t1 = time.perf_counter()
+        sampled = self.runner.run(x)               # returns when the GPU is done
+        t2 = time.perf_counter()
+        outs = []
+        for seq in self.scheduler.update(plan, sampled, self._finish_reason):
+            text = self._live[seq.request_id]
+            if text is TOKEN_IDS:                  # the caller detokenises
+                if seq.finished:
+                    del self._live[seq.request_id]
+                outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, "", seq.finish_reason,
+                                          [seq.new[-1]], ""))
+                continue
+            if text is FINAL_ONLY:                 # nothing until it finishes, then all its text
+                if seq.finished:
+                    del self._live[seq.request_id]
+                    text = self.tokenizer.decode(seq.new)
+                    outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, text, seq.finish_reason,
+                                              seq.new, text))
+                continue
+            delta = text.step(seq.new[-1])
+            if seq.finished:                       # the last delta flushes a held-back partial character
+                delta += text.finish(seq.new)
+                del self._live[seq.request_id]
+            # token_ids is the sequence's own list, which later steps extend (copy it to keep a snapshot): a copy
+            # of every running request's tokens at every step is O(tokens) of host time the GPU would wait for
+            outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, text.text, seq.finish_reason,
+                                      [seq.new[-1]], delta))
+        # the host's share of the step: the GPU sits idle while it plans, packs, records and detokenises
+        self.scheduler.stats.host_s.append(time.perf_counter() - t2 + t1 - t0)
+        self.scheduler.stats.forward_s.append(t2 - t1)
+        return outs
+
+    def _finish_reason(self, seq: Sequence) -> str | None:
+        return self.prompts.finish_reason(seq.new, seq.length, seq.params, seq.stop)
+
+    # ------------------------------------------------------------------ built on it
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        """Every prompt to completion; outputs in prompt order. Every prompt is validated before any runs."""
+        requests = self.prompts.requests(prompts, params)
+        self.scheduler.stats = SchedulerStats()    # this call's counters
+        seqs = [self._add(p, sp, None, FINAL_ONLY) for p, sp in requests]
+        self.timings = [s.timing for s in seqs]
+        ids = [s.request_id for s in seqs]
+        done: dict = {}
+        while len(done) < len(ids) and self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [replace(done[rid], request_id=i) for i, rid in enumerate(ids)]   # ids as every stage's: 0..n-1
+
+    def stream(self, prompt, params: SamplingParams):
+        """Yield (token id, finish reason or None) as each new token of one request is chosen."""
+        self.scheduler.stats = SchedulerStats()
+        seq = self._add(prompt, params, None)
+        self.timings, rid = [seq.timing], seq.request_id
+        while rid in self._live:                   # an abort from elsewhere ends the stream
+            for out in self.step():
+                if out.request_id == rid:
+                    yield out.new_token_ids[0], out.finish_reason
+                    if out.finished:
+                        return
