@@ -16,6 +16,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from common import results
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -58,7 +60,7 @@ def latency_results() -> str:
     rows = ["| date | GPU | engine | ms per decode step | time to first token | output tok/s | bandwidth use |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for path in sorted(RESULTS.glob("*_latency-*.json")):
-        r = json.loads(path.read_text())
+        r = results.load(path)
         if r.get("kv_cache_gib"):           # a same-budget run (--kv-cache-gib) is not this table's
             continue
         for stage, s in r["stages"].items():
@@ -72,9 +74,9 @@ def latency_results() -> str:
 def _harness(workload: str, kv_budget: bool = False) -> list[dict]:
     """Every committed harness result of one workload, oldest first (by date, then start time where recorded):
     those run at each engine's own KV cache size, or (kv_budget) those that gave every engine the same one."""
-    results = [json.loads(p.read_text()) for p in RESULTS.glob(f"*_{workload}-*.json")]
-    results = [r for r in results if bool(r.get("kv_cache_gib")) == kv_budget]
-    return sorted(results, key=lambda r: (r["date"], r.get("time", "")))
+    runs = [results.load(p) for p in RESULTS.glob(f"*_{workload}-*.json")]
+    runs = [r for r in runs if bool(r.get("kv_cache_gib")) == kv_budget]
+    return sorted(runs, key=lambda r: (r["date"], r.get("time", "")))
 
 
 def growth_results() -> str:
@@ -196,7 +198,7 @@ def serving_results() -> str:
             "overhead | TTFT p50; p99 | ITL p50; p99 (per chunk) | the server's mean step; gap between steps | "
             "fault run: completed, disconnected, malformed; problems | idle after every run |", "|" + " --- |" * 12]
     for p in sorted(RESULTS.glob("*_serving-*.json")):
-        r = json.loads(p.read_text())
+        r = results.load(p)
         s, srv = r["summary"], r["server"]
         lo, hi = s["output_tok_per_s_range"]
         rate = "at once" if r["request_rate"] == float("inf") else f"{r['request_rate']:g}/s"

@@ -17,10 +17,11 @@ import json
 import sys
 from pathlib import Path
 
+from common import results
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 CHART = ROOT / "benchmarks" / "report.png"
-OLD_NAMES = {"common.hf_engine": "hf", "common.reference": "numpy"}   # results of the first harness
 LONG_LENGTHS = (2048, 8192, 32768)
 # (column title, workload, figure key, format)
 COLUMNS = [("latency: ms per decode step (B = 1)", "latency", "ms_per_decode_step", "{:.2f}"),
@@ -35,7 +36,7 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
     """workload -> engine -> (its figures, newest per figure, with their spreads; the files they came from)."""
     files = []
     for path in RESULTS.glob("*.json"):
-        r = json.loads(path.read_text())
+        r = results.load(path)
         # a run that gave every engine the same KV cache memory (--kv-cache-gib) is not a headline figure
         if isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu") and not r.get("kv_cache_gib"):
             files.append(((r["date"], "repeats" in r, r.get("time", ""), path.name), r, path.name))
@@ -44,8 +45,7 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
         for engine, s in r["stages"].items():
             if "skipped" in s:
                 continue
-            merged, names = out.setdefault(r["workload"]["name"], {}).setdefault(OLD_NAMES.get(engine, engine),
-                                                                                 ({"spread": {}}, []))
+            merged, names = out.setdefault(r["workload"]["name"], {}).setdefault(engine, ({"spread": {}}, []))
             merged.update({k: v for k, v in s.items() if k != "spread"})
             merged["spread"].update(s.get("spread", {}))
             names[:] = [n for n in names if any(_drew_from(n, engine, k, merged) for k in merged)] + [name]
@@ -54,7 +54,7 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
 
 def _drew_from(name: str, engine: str, key: str, merged: dict) -> bool:
     """Whether a figure the merged summary still shows came from result file `name`."""
-    s = json.loads((RESULTS / name).read_text())["stages"].get(engine, {})
+    s = results.load(RESULTS / name)["stages"].get(engine, {})
     return key.startswith(("output_", "prefill_", "ms_", "ttft_", "load_")) and s.get(key) == merged.get(key)
 
 

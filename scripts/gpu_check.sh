@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03, bench04, bench05, bench06, bench07, bench08
-# (pytest-benchmark files), profile (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]),
-# latency, batch, long, long-hf-32k, ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same
-# KV memory, KV_GIBS, and max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default;
-# longer than one 10-minute run).
+# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench10 (pytest-benchmark files), profile
+# (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), latency, batch, long, long-hf-32k,
+# ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and
+# max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default; longer than one 10-minute
+# run).
 # LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
 # e.g. bash scripts/gpu_check.sh gpu-logs tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
@@ -36,6 +36,8 @@ if want tests; then
   run cli-06 python3 -m stage06_online_softmax --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-07 python3 -m stage07_paged_attention --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-08 python3 -m stage08_cuda_graphs --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-09 python3 -m stage09_async_scheduling --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-10 python3 -m stage10_fused_kernels --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
 if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
@@ -66,12 +68,15 @@ if want bench07; then
   run bench-paged-attention python3 -m pytest stage07_paged_attention/bench_attention.py --benchmark-only \
       -p no:cacheprovider --benchmark-json "$logs/${gpu}_${day}_pytest-bench-paged-attention.json" -q
 fi
-if want bench08; then   # a decode step's GPU and host time, kernel by kernel and replayed, and the batch runs
-  run bench-graphs python3 -m pytest stage08_cuda_graphs/bench_batch.py --benchmark-only -p no:cacheprovider \
-      --benchmark-json "$logs/${gpu}_${day}_pytest-bench-graphs.json" -q
-fi
+# a decode step's GPU and host time, kernel by kernel and replayed (and, from 09, without asynchronous scheduling)
+for st in 08 09 10; do
+  if want "bench$st"; then
+    run "bench-step-$st" python3 -m pytest stage${st}_*/bench_batch.py --benchmark-only -p no:cacheprovider \
+        --benchmark-json "$logs/${gpu}_${day}_pytest-bench-step-$st.json" -q
+  fi
+done
 if want profile; then   # needs cupti-python: carried as a wheel in .whl like nvmath
-  for spec in ${PROFILE_RUNS:-08:1 08:1:eager 07:1 08:64}; do
+  for spec in ${PROFILE_RUNS:-07:1 08:1 09:1 10:1 10:64}; do
     IFS=: read -r st b eager <<< "$spec"
     run "profile-$st-b$b${eager:+-eager}" python3 -m common.profile --stage "$st" --batch "$b" \
         ${eager:+--enforce-eager} --out "$logs"

@@ -182,7 +182,7 @@ def test_the_real_07_08_table_is_code_from_stage08s_lineage_list_and_agrees_with
 
 
 @pytest.mark.parametrize("argv, line", [
-    (["09", "08"], "common.diff: no stage 09 (the stages are 01-"),
+    (["99", "08"], "common.diff: no stage 99 (the stages are 01-"),
     (["seven", "08"], "common.diff: 'seven' is not a stage number (the stages are 01-"),
     (["hf", "08"], "common.diff: 'hf' is not a stage number"),
     (["7", "07"], "common.diff: 7 and 07 are the same stage (stage07_"),
