@@ -24,6 +24,16 @@ def _expect(what: str, ok: bool, *arrays: DeviceArray) -> None:
         raise ValueError(f"{what}: unexpected arguments {shapes}")
 
 
+# What common/profile.py reads to name this stage's kernels in a decode step's CUPTI record: kernel name (a name
+# ending in "*" is a prefix) -> the group whose floor, computed there from the model's shapes, it is held to.
+# "gemm": a GEMM, taking the next of the step's fixed order as cuBLAS's kernels do; None: never in a decode step.
+PROFILE_GROUPS = {
+    "embedding_gather": "embedding", "checksum_u16": None, "rms_norm": "norms", "add_rms_norm": "norms",
+    "rope_inplace": "rope", "kv_write": "kv_write", "silu_mul": "silu_mul", "attention_naive": "attention",
+    "sample_token": "sample",
+}
+
+
 class Kernels:
     def __init__(self, gpu: Gpu):
         self.gpu = gpu

@@ -55,6 +55,16 @@ def _arg(a: DeviceArray | None) -> np.uint64:
     return np.uint64(0) if a is None else a.arg
 
 
+# What common/profile.py reads to name this stage's kernels in a decode step's CUPTI record: kernel name (a name
+# ending in "*" is a prefix) -> the group whose floor, computed there from the model's shapes, it is held to.
+# "gemm": a GEMM, taking the next of the step's fixed order as cuBLAS's kernels do; None: never in a decode step.
+PROFILE_GROUPS = {
+    "embedding_gather": "embedding", "checksum_u16": None, "rms_norm": "norms", "add_rms_norm": "norms",
+    "rope_inplace": "rope", "kv_write": "kv_write", "silu_mul": "silu_mul", "attention_*": "attention",
+    "sample_tokens": "sample", "block_table_write": "block tables",
+}
+
+
 class Kernels:
     def __init__(self, gpu: Gpu):
         self.gpu = gpu

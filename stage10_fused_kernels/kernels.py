@@ -61,6 +61,18 @@ def _arg(a: DeviceArray | None) -> np.uint64:
     return np.uint64(0) if a is None else a.arg
 
 
+# What common/profile.py reads to name this stage's kernels in a decode step's CUPTI record: kernel name (a name
+# ending in "*" is a prefix) -> the group whose floor, computed there from the model's shapes, it is held to.
+# "gemm": a GEMM, taking the next of the step's fixed order as cuBLAS's kernels do; None: never in a decode step.
+PROFILE_GROUPS = {
+    "embedding_gather": "embedding", "checksum_u16": None, "rms_norm": "norms", "add_rms_norm": "norms",
+    "rope_kv_write": "rope + kv_write", "silu_mul": "silu_mul", "attention_*": "attention", "gemv_m*": "gemm",
+    "sample_tokens": "sample", "block_table_write": "block tables",
+}
+# A kernel doing the work of several groups -> those groups: its floor is theirs added.
+PROFILE_FUSED = {"rope + kv_write": ("rope", "kv_write")}
+
+
 class Kernels:
     def __init__(self, gpu: Gpu, pdl: bool = True):
         """pdl: launch with programmatic dependent launch (kernels/pdl.cuh); False launches each kernel only
