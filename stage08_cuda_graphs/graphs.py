@@ -9,10 +9,11 @@ grids and their arguments (pointers and scalars) are the captured ones. So:
     rows, their seq_slots and counters, attention's decode tiles and the split's keys per split are copied, in
     one transfer, into a layout fixed per batch size (decode_layout); the block tables and the sampling
     parameters already live on the GPU, by seq_slot;
-  - shapes are fixed, so a graph is captured for each of a ladder of batch sizes (CAPTURE_SIZES, vLLM's) and a
-    step of R rows replays the smallest that holds them, padded with rows that write nowhere: slot -1 (the cache write
-    skips it), attending to position 0 of seq_slot 0's table (a read of a block in the pool), their logits and
-    samples in rows nobody reads;
+  - shapes are fixed, so a graph is captured for each of a ladder of batch sizes (CAPTURE_SIZES, powers of two;
+    vLLM's ladder is 1, 2, 4 and then every multiple of 8, finer and with more graphs) and a step of R rows
+    replays the smallest that holds them, padded with rows that write nowhere: slot -1 (the cache write skips
+    it), attending to position 0 of seq_slot 0's table (a read of a block in the pool), their logits and samples
+    in rows nobody reads;
   - the decode split's grid is the most blocks any step of that size may use (its keys at max_model_len); each
     step's keys per split is an input, and the blocks past a row's keys return at once.
 
@@ -34,7 +35,7 @@ from .packing import StepInputs
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FIELDS = (("tokens", 1, 0), ("positions", 1, 0), ("slot_mapping", 1, -1), ("logit_rows", 1, None),
-          ("logit_seq_slots", 1, 0), ("counters", 1, 0), ("tiles", 4, None))                                                  # (name, ints a row, padding)
+          ("logit_seq_slots", 1, 0), ("counters", 1, 0), ("tiles", 4, None))   # (name, ints a row, padding)
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
