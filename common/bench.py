@@ -62,6 +62,8 @@ BASELINES = {
     # batch, ~1000 decode steps, where 64 at a time would take 4 batches of ~1000 steps each)
     "hf-sdpa": EngineSpec("common.hf_engine", {"attn_implementation": "sdpa", "batch_size": 256}),
     "hf-compile": EngineSpec("common.hf_engine", {"attn_implementation": "sdpa", "compile": True}, batch_one=True),
+    # transformers' own continuous batching: the baseline a user of transformers would pick for many requests
+    "hf-cb": EngineSpec("common.hf_engine", {"attn_implementation": "sdpa", "continuous_batching": True}),
     "numpy": EngineSpec("common.reference", gpu=False),
 }
 
@@ -124,10 +126,13 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
         return {"unsupported": f"{tag} is measured at batch 1; {workload} has {w.requests} requests"}
     max_model_len = max_model_len or ((prompt_tokens + w.new_tokens[1]) if prompt_tokens else w.max_model_len)
     before = device_memory_used()
-    try:   # one sequence at a time for `long`: no engine needs 64 caches of 32K positions to prefill one prompt
+    # one sequence at a time for `long` (no engine needs 64 caches of 32K positions to prefill one prompt);
+    # `batch` asks for all its requests at once (max_num_seqs 256, vLLM's default)
+    seqs = {"long": 1, "batch": w.requests}.get(workload)
+    try:
         engine = build_engine(tag, model, max_model_len=max_model_len,
                               **kv_budget(tag, model, max_model_len, kv_cache_gib)
-                              | ({"max_batch_size": 1, "max_num_seqs": 1} if workload == "long" else {}))
+                              | ({"max_batch_size": seqs, "max_num_seqs": seqs} if seqs else {}))
     except (MemoryError, PromptError) as e:   # GpuMemoryError, max_model_len past the model's: cannot hold it
         return {"unsupported": f"{type(e).__name__}: {e}"}
     reqs = make_requests(workload, min(engine.config.vocab_size, 128000), prompt_tokens=prompt_tokens)

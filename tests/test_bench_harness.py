@@ -28,7 +28,9 @@ def test_every_workload_declares_its_headline_and_direction():
     for w in WORKLOADS.values():
         assert w.headline, w.name
     assert WORKLOADS["latency"].headline == ("ms_per_decode_step",) and WORKLOADS["latency"].lower_is_better
-    assert WORKLOADS["batch"].headline == tuple(f"output_tok_per_s_at_B{n}" for n in (1, 8, 32, 64))
+    sizes = (1, 8, 32, 64, 128, 256)                # 128 and 256: where the host's share of a step shows
+    assert WORKLOADS["batch"].headline == tuple(f"output_tok_per_s_at_B{n}" for n in sizes)
+    assert WORKLOADS["batch"].requests == 256
     assert not WORKLOADS["ragged"].lower_is_better
 
 
@@ -45,12 +47,12 @@ def test_ratio_is_the_headline_figure_not_the_first_key():
 
 
 def test_batch_has_one_ratio_per_batch_size():
-    one = {f"output_tok_per_s_at_B{n}": float(n) for n in (1, 8, 32, 64)}
-    forty = {f"output_tok_per_s_at_B{n}": float(n) * (1.4 if n == 1 else 40) for n in (1, 8, 32, 64)}
+    one = {f"output_tok_per_s_at_B{n}": float(n) for n in (1, 8, 32, 64, 128, 256)}
+    forty = {f"output_tok_per_s_at_B{n}": float(n) * (1.4 if n == 1 else 40) for n in (1, 8, 32, 64, 128, 256)}
     table = format_table(summarise({"s03": merge([{"runs": [one] * 3}]), "s04": merge([{"runs": [forty] * 3}])}),
                          WORKLOADS["batch"])
-    assert table.splitlines()[0].count("speed-up") == 4
-    assert table.splitlines()[-1].endswith("| 1.40x | 40.00x | 40.00x | 40.00x |"), table
+    assert table.splitlines()[0].count("speed-up") == 6
+    assert table.splitlines()[-1].endswith("| 1.40x | 40.00x | 40.00x | 40.00x | 40.00x | 40.00x |"), table
 
 
 def test_median_spread_and_every_run_kept():

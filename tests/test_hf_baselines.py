@@ -1,5 +1,6 @@
-"""The transformers baselines of the harness (common/hf_engine.py), on the CPU: batched with left padding, and
-through the StaticCache path of hf-compile, they give the same greedy tokens as one request at a time."""
+"""The transformers baselines of the harness (common/hf_engine.py), on the CPU: batched with left padding, through
+the StaticCache path of hf-compile, and through transformers' continuous batching (hf-cb), they give the same
+greedy tokens as one request at a time."""
 import numpy as np
 import pytest
 
@@ -38,6 +39,21 @@ def test_static_cache_path_equals_eager(tiny_dir, requests):
     eager = Engine(str(tiny_dir), device="cpu", dtype="float32")
     static = Engine(str(tiny_dir), attn_implementation="sdpa", compile=True, device="cpu", dtype="float32")
     assert _tokens(static.generate(*requests)) == _tokens(eager.generate(*requests))
+
+
+def test_continuous_batching_equals_one_at_a_time_each_request_with_its_own_max_tokens(tiny_dir, requests):
+    """hf-cb: the three requests in transformers' manager at once, each stopping at its own max_tokens; a second
+    generate() reuses the manager (made once) and gives the same tokens; each token of a request is timed."""
+    from common.hf_engine import Engine
+
+    one = Engine(str(tiny_dir), attn_implementation="sdpa", device="cpu", dtype="float32")
+    cb = Engine(str(tiny_dir), attn_implementation="sdpa", continuous_batching=True, max_num_seqs=4, device="cpu",
+                dtype="float32")
+    want = _tokens(one.generate(*requests))
+    got = _tokens(cb.generate(*requests))
+    assert [len(t) for t in got] == [4, 7, 3] and got == want
+    assert [len(t.step_s) for t in cb.timings] == [3, 6, 2] and all(t.ttft_s > 0 for t in cb.timings)
+    assert _tokens(cb.generate(*requests)) == want
 
 
 def test_mixed_sampling_parameters_are_not_batched(tiny_dir, requests):
