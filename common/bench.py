@@ -1,6 +1,11 @@
 """The benchmark harness: each engine in a fresh process, warm-up excluded, at least 3 timed runs, medians.
 
     python -m common.bench --stages 03,04 --workload batch [--model PRESET|DIR] [--repeats 3] [--processes 1]
+    python -m common.bench --ladder --workload ragged       # every stage that runs it, and the baselines
+
+A ladder run (--ladder) is the README's table and chart: the workload's engines (workloads.LADDERS: the stages
+from its first on, and its baselines; it says which it leaves out and why) in one run on one machine, since the
+H200s differ by up to 1.4x from one machine or day to the next.
 
 Workloads are the design's seeded request sets (ignore_eos, so every run generates the same number of tokens),
 plus `load` (stage01's: weights onto the GPU against a plain read of the same bytes). Each declares its headline
@@ -43,7 +48,7 @@ from common.checkpoint import Checkpoint
 from common.measure import device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up, waste
 from common.prompts import PromptError
 from common.synthetic import resolve_model
-from common.workloads import BATCH_SIZES, LONG_LENGTHS, WORKLOADS, Workload, make_requests
+from common.workloads import BATCH_SIZES, LADDERS, LONG_LENGTHS, WORKLOADS, Workload, make_requests
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,14 @@ def stage_module(tag: str) -> str:
     return found[0]
 
 
+def ladder_stages(workload: str) -> str:
+    """The --stages of a workload's ladder run: every stage from its first, then its baselines."""
+    ladder = LADDERS[workload]
+    root = Path(__file__).resolve().parents[1]
+    numbers = sorted(p.name[5:7] for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
+    return ",".join([n for n in numbers if int(n) >= ladder.first_stage] + list(ladder.baselines))
+
+
 def engine_name(tag: str) -> str:
     """The name results are keyed by: the stage's folder, or the baseline's tag."""
     return tag if tag in BASELINES else stage_module(tag)
@@ -295,6 +308,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--stages", default="01",
                     help="comma-separated stage numbers, e.g. 02,03, and baselines: " + ", ".join(BASELINES))
+    ap.add_argument("--ladder", action="store_true",
+                    help="every stage that runs the workload and its baselines, in one run (workloads.LADDERS)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="load")
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per process (at least 3 for a figure)")
@@ -324,6 +339,11 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(result))
         return 0
     workload = WORKLOADS[a.workload]
+    if a.ladder:
+        if a.workload not in LADDERS:
+            ap.error(f"--ladder: {a.workload} has no ladder (workloads with one: {', '.join(LADDERS)})")
+        a.stages = ladder_stages(a.workload)
+        print(f"{a.workload} ladder: {a.stages}; left out: {LADDERS[a.workload].left_out}", file=sys.stderr)
     a.started = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S")
     tags = a.stages.split(",")
     names = {t: engine_name(t) for t in tags}
@@ -382,7 +402,7 @@ def write_record(a, workload: Workload, env: dict, raw: dict, skipped: dict, com
                 env["copy_bandwidth_gb_per_s"] * 1e9)
     notes = spread_warnings(summary, workload)
     now = datetime.datetime.now(datetime.timezone.utc)
-    record = {"workload": asdict(workload), "model": a.model, "date": now.date().isoformat(),
+    record = {"workload": asdict(workload), "model": a.model, "date": now.date().isoformat(), "ladder": a.ladder,
               "time": a.started, "kv_cache_gib": a.kv_cache_gib or None,
               "max_model_len": a.max_model_len or None,
               "environment": env, "repeats": a.repeats, "processes": a.processes, "complete": complete,
@@ -394,7 +414,8 @@ def write_record(a, workload: Workload, env: dict, raw: dict, skipped: dict, com
     # one file a comparison: GPU, date, workload, engines, and the UTC time it started (two runs of a day differ)
     kv = (f"-kv{a.kv_cache_gib:g}GiB" if a.kv_cache_gib else "") + (f"-len{a.max_model_len}" if a.max_model_len
                                                                    else "")
-    path = (a.out / f"{gpu}_{record['date']}_{a.workload}{kv}-{a.stages.replace(',', '-')}_"
+    engines = "ladder" if a.ladder else a.stages.replace(",", "-")
+    path = (a.out / f"{gpu}_{record['date']}_{a.workload}{kv}-{engines}_"
             f"{a.started.replace(':', '')}.json")
     path.write_text(json.dumps(record, indent=2))
     return summary, notes, path

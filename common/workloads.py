@@ -64,6 +64,34 @@ WORKLOADS = {w.name: w for w in [
 ]}
 
 
+@dataclass(frozen=True)
+class Ladder:
+    """The engines of a workload's ladder run (`python -m common.bench --ladder --workload W`): every stage from
+    `first_stage` on, then `baselines`, in one run on one machine, each in its own process. `left_out` says which
+    engines a user might look for are not in it, and why: a ladder run must fit one 10-minute GPU command (the
+    times quoted are the H200 runs of 2026-12-03 and 04)."""
+
+    first_stage: int
+    baselines: tuple[str, ...]
+    left_out: str
+
+
+LADDERS = {
+    "load": Ladder(1, (), "none"),
+    "latency": Ladder(2, ("hf", "hf-compile"), "stage01 (it generates nothing); hf-sdpa and hf-cb (at batch 1 "
+                      "they are hf with another attention, and hf-compile is what a user would pick there)"),
+    "batch": Ladder(4, ("hf-sdpa", "hf-cb"), "stages 02 and 03 (one sequence at a time: the 489 requests of a "
+                    "repeat, B = 1 .. 256, would take stage03 over 3 minutes, stage02 far longer); hf and "
+                    "hf-compile (one request at a time too)"),
+    "ragged": Ladder(4, ("hf-cb",), "stages 02 and 03 (one sequence at a time); hf-sdpa (256 requests "
+                     "left-padded into one batch: about 80 s a repeat at 1,832 tok/s, most of the command; hf-cb "
+                     "is transformers' own way to serve many requests); hf and hf-compile (one at a time)"),
+    "long": Ladder(6, ("hf-sdpa",), "stages 02 to 05 (their attention materialises the scores: about a minute "
+                   "a 32K prefill, 4 of them an engine; stage06's chapter compares them at every length); hf and "
+                   "hf-compile (hf-sdpa is the transformers attention a user would pick for long prompts)"),
+}
+
+
 def make_requests(name: str, vocab_size: int = 128000, seed: int = 0, prompt_tokens: int | None = None
                   ) -> list[tuple[list[int], SamplingParams]]:
     """The workload's requests: random regular-token prompts (no special ids) and greedy ignore_eos params.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
 # $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench10 (pytest-benchmark files), profile
-# (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), latency, batch, long, long-hf-32k,
+# (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), ladder-W (W: load, latency, batch,
+# ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k,
 # ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and
 # max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default; longer than one 10-minute
 # run).
@@ -99,6 +100,10 @@ want serve && run serve-ragged python3 -m common.bench_serving --stage ${SERVE_S
     --out "$logs"
 want serve-rate && run serve-ragged-rate python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --no-direct \
     --request-rate ${SERVE_RATE:-16} ${SERVE_ARGS:-} --out "$logs"
+# a ladder: every stage that runs the workload and its baselines in one run (the README's table and chart)
+for w in load latency batch ragged long; do
+  want "ladder-$w" && run "ladder-$w" python3 -m common.bench --ladder --workload "$w" --out "$logs"
+done
 want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,05} --workload ragged --verbose --out "$logs"
 if want ragged-kv; then   # the same KV cache memory for every engine: what paging buys at a fixed budget
   for gib in ${KV_GIBS:-4 16}; do

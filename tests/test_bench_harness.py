@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,23 @@ def test_progress_total_drops_by_the_runs_a_worker_did_not_make(capsys):
     shown.finished("a", {"runs": [{}]}, repeats=3)              # cut by the budget: 1 of 3
     shown.finished("b", {"unsupported": "too long"}, repeats=3)
     assert capsys.readouterr().err.splitlines() == ["[1/6] a repeat 1 of 3: x 1", "[1/1] b unsupported: too long"]
+
+
+def test_a_ladder_is_every_stage_from_its_first_then_its_baselines():
+    from common.bench import ladder_stages
+    from common.workloads import LADDERS
+
+    root = Path(__file__).resolve().parents[1]
+    stages = sorted(p.name[5:7] for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
+    for name, ladder in LADDERS.items():
+        tags = ladder_stages(name).split(",")
+        assert tags == [s for s in stages if int(s) >= ladder.first_stage] + list(ladder.baselines), name
+        assert ladder.left_out, name                                # it says what it leaves out
+    assert ladder_stages("ragged").split(",")[:2] == ["04", "05"] and "hf-cb" in ladder_stages("ragged")
+    assert "10" in ladder_stages("latency").split(",")                 # the newest stage is on every ladder
+
+
+def test_ladder_run_names_its_engines_and_a_workload_without_one_is_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--ladder", "--workload", "cpu"])
+    assert info.value.code == 2 and "cpu has no ladder" in capsys.readouterr().err
