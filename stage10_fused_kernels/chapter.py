@@ -1,106 +1,228 @@
 """The generated parts of this stage's chapter (README.md); `python -m common.readme` renders them with the common,
 data-driven ones.
 
-  graph-ladder    which captured graph a decode step of R rows replays, and how many padding rows it carries:
-                  computed by graphs.py for the default max_num_seqs
-  decode-profile  the committed runs of `python -m common.profile`: a decode step's kernels, group by group (time
-                  on the critical path), against their floors, one column per run, one table per batch size
-  step-split      the committed runs of bench_batch.py's test_decode_step_split: a decode step's wall time with
-                  and without asynchronous scheduling, and its GPU and host time kernel by kernel and replayed
+Every figure is read through common.results.load. A result dated before the course's split
+(common.results.SPLIT_DATE) ran the tree this stage was cut from (the eight-stage course's last stage, at some
+point of its day); the tables label such a column "before the split" and name the log folder that holds its copy
+and says which tree it ran. A table whose figures would come from this stage's own tree says, in generated text,
+whether that tree has been measured yet and which command measures it.
+
+  profile-before   a batch-1 decode step of the previous stage's kernels, group by group against its floor (until
+                   that stage is profiled: the first profile of the tree with graphs, before any kernel fix)
+  kernel-history   every committed batch-1 profile of this stage's code with graphs: one column a run, each kernel
+                   group's time on the critical path against its floor
+  step-split       bench_batch.py's test_decode_step_split: a decode step's wall time, its replay's GPU time,
+                   the loop's host time and the floor
+  harness          the newest harness runs of `latency`, `batch` and `ragged` that hold this stage: every engine
+                   of each run, medians of its repeats with their spread
+  latency-history  every committed `latency` run that holds this stage: its step beside the run's other engines
 """
 from __future__ import annotations
 
-import json
+import functools
 from pathlib import Path
 
+from common import results
 from common.profile import ORDER
-from common.readme import RESULTS, pytest_bench
+from common.readme import RESULTS, ROOT
 
-from .cache import MAX_NUM_SEQS
-from .graphs import capture_sizes, graph_size
+STAGE = Path(__file__).parent.name
+PREVIOUS = max(p.name for p in ROOT.glob("stage[0-9][0-9]_*") if p.name < STAGE)
+NN, PREV_NN = STAGE[5:7], PREVIOUS[5:7]
+LOGS = ROOT / "benchmarks" / "logs"
+HARNESS = ("latency", "batch", "ragged")
 
-ROWS = (1, 2, 3, 5, 8, 9, 24, 33, 64, 65, 100, 129, 200, 256)
-STAGE = Path(__file__).parent.name   # this stage's profiles: the runs with graphs
+
+@functools.cache
+def _log_folder(name: str) -> str:
+    """The log folder holding a byte-identical copy of the result file `name` (its README says which tree ran it)."""
+    data = (RESULTS / name).read_bytes()
+    for copy in sorted(LOGS.glob("*/*.json")):
+        if copy.stat().st_size == len(data) and copy.read_bytes() == data:
+            return f"`benchmarks/logs/{copy.parent.name}/`"
+    return "no log folder"
 
 
-def graph_ladder() -> str:
-    sizes = capture_sizes(MAX_NUM_SEQS)
-    lines = [f"Captured sizes at max_num_seqs={MAX_NUM_SEQS}: {', '.join(map(str, sizes))}.", "",
-             "| decode rows | graph replayed | padding rows | share of the GEMMs' rows that are padding |",
-             "| --- | --- | --- | --- |"]
-    for r in ROWS:
-        size = graph_size(r, sizes)
-        lines.append(f"| {r} | {size} | {size - r} | {(size - r) / size:.0%} |")
+def _before_split(r: dict) -> bool:
+    return str(r.get("date") or r.get("datetime"))[:10] < results.SPLIT_DATE
+
+
+def _loaded(pattern: str) -> list[tuple[str, dict]]:
+    """(file name, result with today's names) of every committed result matching `pattern`, oldest first."""
+    runs = [(p.name, results.load(p)) for p in RESULTS.glob(pattern)]
+    return sorted(runs, key=lambda nr: (str(nr[1].get("date") or nr[1].get("datetime")), nr[1].get("time", "")))
+
+
+def _not_measured(what: str, command: str) -> str:
+    return f"{what}: not measured yet since the split; `{command}` measures it."
+
+
+# ---------------------------------------------------------------------------------------------------- profiles
+def _profiles(batch: int | None = None) -> list[tuple[str, dict]]:
+    """This stage's profiles with graphs (results.load names the tree it was cut from as this stage)."""
+    return [(n, p) for n, p in _loaded("*_profile-*.json")
+            if p["stage"] == STAGE and not p["enforce_eager"] and batch in (None, p["batch"])]
+
+
+def _cell(g: dict | None) -> str:
+    if not g or not g["us"]:
+        return "-"
+    return f"{g['us']:.1f}" + (f" ({g['us'] / g['floor_us']:.1f}x)" if g["floor_us"] >= 1 else "")
+
+
+def _totals(runs: list[dict]) -> list[str]:
+    """The step's lines under the groups: critical path against the floor, the GPU's span, kernels a step."""
+    first = runs[0]
+    lines = [f"| **all kernels, on the critical path** | {first['floor_us']:.1f} | "
+             + " | ".join(f"{p.get('exposed_us', p['busy_us']):.0f}" for p in runs) + " |"]
+    # (a run before exposed_us had no kernel launched early: its busy time is the same sum)
+    lines.append("| GPU span, first kernel start to last end | | " + " | ".join(f"{p['span_us']:.0f}" for p in runs)
+                 + " |")
+    lines.append("| kernels a step | | " + " | ".join(f"{p['kernels_per_step']:.0f}" for p in runs) + " |")
+    return lines
+
+
+def profile_before() -> str:
+    """A batch-1 step of the previous stage's kernels, group by group: its newest profile, or until it has one, the
+    first profile of the tree this stage was cut from with graphs, taken before any kernel of its own existed.
+    Each group's share of the step shows where the time went; its floor, what it must at least take."""
+    previous = [nq for nq in _loaded(f"*_profile-{PREV_NN}-b1_*.json") if nq[1]["stage"] == PREVIOUS]
+    name, p = previous[-1] if previous else _profiles(1)[0]
+    what = f"`{PREVIOUS}`" if previous else "the tree this stage was cut from, with graphs and no kernel of its own yet"
+    total = p.get("exposed_us", p["busy_us"])
+    lines = [f"Batch 1, {p['cache_length']} cached positions, {p['gpu']}, {p['date'][:10]} {p['date'][11:16]}, "
+             f"{what} ({_log_folder(name)}); us a decode step, the median of {p['steps']} steps, floors at the "
+             f"{p['copy_gb_per_s']:,.0f} GB/s copy bandwidth measured in the same run:", "",
+             "| kernels | floor | time | times the floor | share of the step |", "|" + " --- |" * 5]
+    for group in ORDER:
+        g = p["groups"].get(group)
+        if g and g["us"]:
+            ratio = f"{g['us'] / g['floor_us']:.1f}x" if g["floor_us"] >= 1 else "-"   # under 1 us: fixed cost
+            lines.append(f"| {group} | {g['floor_us']:.1f} | {g['us']:.1f} | {ratio} | {g['us'] / total:.0%} |")
+    lines.append(f"| **all kernels** | {p['floor_us']:.1f} | {total:.0f} | {total / p['floor_us']:.1f}x | |")
+    lines.append(f"| GPU span, first kernel start to last end | | {p['span_us']:.0f} | | |")
+    if not previous:
+        lines += ["", _not_measured(f"`{PREVIOUS}` itself (the same kernels, and the same step on the GPU)",
+                                    f"PROFILE_RUNS={PREV_NN}:1 bash scripts/gpu_check.sh LOGS profile")]
     return "\n".join(lines)
 
 
-def _eager(p: dict) -> bool:
-    """A run without this stage's graphs (an earlier stage, or enforce_eager): every GEMM through cuBLAS."""
-    return p["enforce_eager"] or p["stage"] != STAGE
+def kernel_history() -> str:
+    """Every batch-1 profile with graphs, a column a run, oldest first, each labelled by its time and keyed to its
+    log folder below the table; a group a run does not have (rope and kv_write once fused) is '-'."""
+    named = _profiles(1)
+    runs = [p for _, p in named]
+    labels = [p["date"][11:16] + ("" if _before_split(p) else f", {p['date'][:10]}") for p in runs]
+    lines = [f"Batch 1, {runs[0]['cache_length']} cached positions, {runs[0]['gpu']}: us a decode step on the critical "
+             f"path, the median of {runs[0]['steps']} steps; floors at the copy bandwidth measured in the first run. "
+             f"A column labelled by its time alone ran the tree before the split, on {runs[0]['date'][:10]}, at the "
+             "point its log folder (below) describes:", "",
+             "| kernels | floor | " + " | ".join(labels) + " |", "|" + " --- |" * (len(runs) + 2)]
+    for group in ORDER:
+        ran = [p["groups"][group] for p in runs if p["groups"].get(group, {}).get("us")]
+        if ran:
+            lines.append(f"| {group} | {ran[0]['floor_us']:.1f} | "
+                         + " | ".join(_cell(p["groups"].get(group)) for p in runs) + " |")
+    lines += _totals(runs)
+    lines.append("| GEMMs through gemv.cu (M x N x K) | | " + " | ".join(
+        ", ".join("x".join(map(str, s)) for s in p["gemv_shapes"]) or "none" if "gemv_shapes" in p
+        else "not recorded" for p in runs) + " |")
+    lines.append("| GEMMs through a timed cuBLASLt algorithm | | " + " | ".join(
+        ", ".join(p["cublaslt_shapes"]) or "none" if "cublaslt_shapes" in p else "not recorded" for p in runs) + " |")
+    lines += ["", "The runs' log folders: " + "; ".join(f"{label} {_log_folder(n)}" for label, (n, _) in
+                                                     zip(labels, named)) + "."]
+    if all(_before_split(p) for p in runs):
+        lines += ["", _not_measured(f"`{STAGE}`'s own tree", f"PROFILE_RUNS='{NN}:1 {NN}:64' bash "
+                                                                "scripts/gpu_check.sh LOGS profile")]
+    return "\n".join(lines)
 
 
-def _label(p: dict) -> str:
-    return f"`{p['stage'][:7]}` {'eager' if _eager(p) else 'graphs'}, {p['date'][11:16]}"
-
-
-def decode_profile() -> str:
-    runs = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*_profile-*.json")),   # the stages in order,
-                  key=lambda p: (p["stage"], not p["enforce_eager"], p["date"]))       # eager before graphs
-    lines = []
-    for batch in sorted({p["batch"] for p in runs}):
-        mine = [p for p in runs if p["batch"] == batch]
-        first = mine[0]                              # the floors: the same shapes in every run of this batch
-        lines += [f"Batch {batch}, {first['cache_length']} prompt tokens a request, {first['gpu']}, "
-                  f"{first['date'][:10]}: us a decode step, the median of {first['steps']} steps (the floors at "
-                  f"the copy bandwidth each run measured, {first['copy_gb_per_s']:,.0f} GB/s in the first):", "",
-                  "| kernels | floor | " + " | ".join(_label(p) for p in mine) + " |",
-                  "| --- | --- | " + " | ".join("---" for _ in mine) + " |"]
-        for group in ORDER:                         # a run fusing two groups' kernels has the fused group instead
-            ran = [p["groups"][group] for p in mine if p["groups"].get(group, {}).get("us")]
-            if not ran:
-                continue
-            cells = []
-            for p in mine:
-                g = p["groups"].get(group, {"us": 0.0})
-                ratio = f" ({g['us'] / g['floor_us']:.1f}x)" if g["us"] and g["floor_us"] >= 1 else ""
-                cells.append(f"{g['us']:.1f}{ratio}" if g["us"] else "-")
-            lines.append(f"| {group} | {ran[0]['floor_us']:.1f} | " + " | ".join(cells) + " |")
-        for key, name in (("exposed_us", "all kernels, on the critical path"),
-                          ("span_us", "GPU span, first start to last end"),
-                          ("wall_us", "the step's wall time, through step()")):
-            floor = f"{first['floor_us']:.1f}" if key == "exposed_us" else ""
-            # (a run before exposed_us had no overlapping kernels: its busy time is the same sum)
-            lines.append(f"| **{name}** | {floor} | " + " | ".join(f"{p.get(key, p['busy_us']):.0f}" for p in mine)
-                         + " |")
-        lines.append("| kernels a step | | " + " | ".join(f"{p['kernels_per_step']:.0f}" for p in mine) + " |")
-        lines.append("| GEMMs through gemv.cu (M x N x K) | | " + " | ".join(
-            "none" if _eager(p) else ", ".join("x".join(map(str, g)) for g in p["gemv_shapes"]) or "none"
-            if "gemv_shapes" in p else "not recorded" for p in mine) + " |")
-        lines.append("| GEMMs through a cuBLASLt pick (M x N x K) | | " + " | ".join(
-            "none" if _eager(p) else ", ".join(p["cublaslt_shapes"]) or "none"
-            if "cublaslt_shapes" in p else "not recorded" for p in mine) + " |")
-        lines.append("")
-    return "\n".join(lines).rstrip()
-
-
+# ---------------------------------------------------------------------------------------------------- the step
 def step_split() -> str:
+    """The decode-step split of this stage's bench_batch.py: before the split its files were named
+    pytest-bench-graphs, since then pytest-bench-step-NN."""
     lines = []
-    for date, gpu, b in pytest_bench("pytest-bench-graphs"):
-        cases = sorted((n for n in b if n.startswith("test_decode_step_split")),
-                       key=lambda n: b[n]["extra_info"]["batch_size"])
-        if not cases or "wall_sync_ms" not in b[cases[0]]["extra_info"]:
-            continue                                 # a run from before asynchronous scheduling
-        lines += [f"Measured {date} on {gpu} (`bench_batch.py::test_decode_step_split`, 256 cached positions a "
-                  "sequence; walls the median of 20 steps through `step()`, GPU and queueing times from events):",
-                  "", "| B | wall, async | wall, sync | GPU, replayed | host to queue the replay | GPU, kernel by "
-                  "kernel | host to queue them | the loop's host time | floor |", "|" + " --- |" * 9]
-        for name in cases:
-            e = b[name]["extra_info"]
-            lines.append(f"| {e['batch_size']} | " + " | ".join(f"{e[k]:.2f} ms" for k in (
-                "wall_ms", "wall_sync_ms", "graph_gpu_ms", "graph_host_queue_ms", "gpu_ms", "host_queue_ms",
-                "host_loop_ms", "bandwidth_floor_ms")) + " |")
+    files = [nr for nr in _loaded("*_pytest-bench-graphs.json") if _before_split(nr[1])] + \
+        _loaded(f"*_pytest-bench-step-{NN}.json")
+    for name, r in files:
+        cases = sorted((b["extra_info"] for b in r["benchmarks"] if b["name"].startswith("test_decode_step_split")),
+                       key=lambda e: e["batch_size"])
+        if not cases or "graph_gpu_ms" not in cases[0]:
+            continue
+        tree = "the tree before the split" if _before_split(r) else "this stage"
+        lines += [f"Measured {r['datetime'][:10]} on {name.split('_')[0].replace('-', ' ')}, {tree} "
+                  f"({_log_folder(name)}; `bench_batch.py::test_decode_step_split`, {cases[0]['cache_length']} "
+                  "cached positions a sequence, medians of 20 steps):", "",
+                  "| B | wall of step() | GPU time of the replayed step | the loop's host time | floor | GPU / floor |",
+                  "|" + " --- |" * 6]
+        for e in cases:
+            lines.append(f"| {e['batch_size']} | {e['wall_ms']:.2f} ms | {e['graph_gpu_ms']:.2f} ms | "
+                         f"{e['host_loop_ms']:.2f} ms | {e['bandwidth_floor_ms']:.2f} ms | "
+                         f"{e['graph_gpu_ms'] / e['bandwidth_floor_ms']:.2f}x |")
         lines.append("")
+    if not any(not _before_split(r) for _, r in files):
+        lines.append(_not_measured(f"`{STAGE}`'s own tree", f"bash scripts/gpu_check.sh LOGS bench{NN}"))
     return "\n".join(lines).rstrip()
 
 
-GENERATORS = {"graph-ladder": graph_ladder, "decode-profile": decode_profile, "step-split": step_split}
+# ---------------------------------------------------------------------------------------------------- the harness
+FIGURES = {"latency": [("ms per decode step", "ms_per_decode_step", "{:.3f}"),
+                       ("ms to the first token", "ttft_ms", "{:.1f}")],
+           "batch": [(f"output tok/s, B = {b}", f"output_tok_per_s_at_B{b}", "{:,.0f}") for b in (1, 8, 32, 64)],
+           "ragged": [("output tok/s", "output_tok_per_s", "{:,.0f}"), ("ms per decode step", "ms_per_decode_step",
+                                                                       "{:.2f}")]}
+
+
+def _with_stage(workload: str) -> list[tuple[str, dict]]:
+    return [(n, r) for n, r in _loaded(f"*_{workload}-*.json") if STAGE in r["stages"] and not r.get("kv_cache_gib")]
+
+
+def _figure(s: dict | None, key: str, fmt: str) -> str:
+    if not s or key not in s:
+        return "-"
+    lo, hi = s.get("spread", {}).get(key, (s[key], s[key]))
+    return f"{fmt.format(s[key])} ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def harness() -> str:
+    """The newest run of each workload that holds this stage, every engine of it; the floor of a batch-1 step
+    reads the weights once at the copy bandwidth that run measured."""
+    newest = {w: _with_stage(w)[-1] for w in HARNESS}
+    engines = list(dict.fromkeys(e for _, r in newest.values() for e in r["stages"]))
+    lines = ["| workload | figure | " + " | ".join(f"`{e}`" for e in engines) + " |",
+             "|" + " --- |" * (len(engines) + 2)]
+    for w, (_, r) in newest.items():
+        for label, key, fmt in FIGURES[w]:
+            if key == "ms_per_decode_step" and w == "latency":
+                s = r["stages"][STAGE]
+                label += f" (floor {s['weight_bytes'] / r['environment']['copy_bandwidth_gb_per_s'] / 1e6:.2f} ms)"
+            lines.append(f"| `{w}` | {label} | " + " | ".join(_figure(r["stages"].get(e), key, fmt) for e in engines)
+                         + " |")
+    lines += ["", "Medians of each engine's runs (min-max); " + "; ".join(
+        f"`{w}` {r['date']} {r.get('time', '')[:5]} on {r['environment']['gpu']}, "
+        + ("the tree before the split" if _before_split(r) else f"`{STAGE}`") + f", {_log_folder(name)}"
+        for w, (name, r) in newest.items()) + "."]
+    if not any(PREVIOUS in r["stages"] for w in HARNESS for _, r in _with_stage(w)):
+        lines += ["", _not_measured(
+            f"`{STAGE}` against `{PREVIOUS}`",
+            f"LATENCY_STAGES=hf-compile,{PREV_NN},{NN} BATCH_STAGES={PREV_NN},{NN} RAGGED_STAGES={PREV_NN},{NN} "
+            "bash scripts/gpu_check.sh LOGS latency,batch,ragged")]
+    return "\n".join(lines)
+
+
+def latency_history() -> str:
+    """Every `latency` run holding this stage, oldest first: this stage's step, the other engines' in the same
+    run (a slow host shows in theirs), and the log folder that says which tree ran."""
+    lines = ["| run | this stage's step (min-max) | the run's other engines | floor | log folder |",
+             "|" + " --- |" * 5]
+    for name, r in _with_stage("latency"):
+        s = r["stages"][STAGE]
+        others = ", ".join(f"{e} {x['ms_per_decode_step']:.2f}" for e, x in r["stages"].items() if e != STAGE)
+        floor = s["weight_bytes"] / r["environment"]["copy_bandwidth_gb_per_s"] / 1e6
+        lines.append(f"| {r['date']} {r.get('time', '')[:5]} | {_figure(s, 'ms_per_decode_step', '{:.3f}')} ms | "
+                     f"{others} | {floor:.2f} ms | {_log_folder(name)} |")
+    return "\n".join(lines)
+
+
+GENERATORS = {"profile-before": profile_before, "kernel-history": kernel_history, "step-split": step_split,
+              "harness": harness, "latency-history": latency_history}
