@@ -3,9 +3,12 @@
     python -m common.report          # rewrite the README's cross-stage table and benchmarks/report.png
     python -m common.report --check  # exit 1 if either is stale (tests/test_report.py runs this)
 
-For each workload and engine, each figure is the newest GPU result's (by its date and start time; on one day a
-result of the current harness, which keeps every run and its time, beats an older one): a run cut off by its time
-limit keeps the figures it measured, and a later run of the lengths it missed fills in only those. The chart
+A workload that has a complete ladder run (`python -m common.bench --ladder`: every stage and its baselines in one
+run on one machine) takes all its figures from the newest one, and nothing else: the H200s differ by up to 1.4x
+from one machine or day to the next, so figures of separate runs do not compare. A workload with no ladder run
+yet falls back to the newest GPU result per engine and figure (by date and start time; a run cut off by its time
+limit keeps the figures it measured, and a later run of the lengths it missed fills in only those), and the
+table says so. The chart
 carries a digest of the figures it was drawn from in its PNG metadata, so --check needs no matplotlib and no
 pixel-exact redraw.
 """
@@ -40,8 +43,12 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
         # a run that gave every engine the same KV cache memory (--kv-cache-gib) is not a headline figure
         if isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu") and not r.get("kv_cache_gib"):
             files.append(((r["date"], "repeats" in r, r.get("time", ""), path.name), r, path.name))
+    ladder = {r["workload"]["name"]: name for _, r, name in sorted(files, key=lambda f: f[0])
+              if r.get("ladder") and r.get("complete") is not False}          # the newest complete one wins
     out: dict[str, dict[str, tuple[dict, list[str]]]] = {}
     for _, r, name in sorted(files, key=lambda f: f[0]):
+        if ladder.get(r["workload"]["name"], name) != name:
+            continue
         for engine, s in r["stages"].items():
             if "skipped" in s:
                 continue
@@ -105,10 +112,14 @@ def table() -> str:
             for name in names:
                 by_file.setdefault(name, []).append(f"`{e}`")
         cut = {name for name in by_file if json.loads((RESULTS / name).read_text()).get("complete") is False}
-        lines.append(f"- {workload}: " + "; ".join(
-            f"{', '.join(es)} from `{name}`" + (" (a run cut off by its time limit: what it had not reached is not in"
-                                               " it)" if name in cut else "")
-            for name, es in by_file.items()))
+        if len(by_file) == 1 and json.loads((RESULTS / next(iter(by_file))).read_text()).get("ladder"):
+            lines.append(f"- {workload}: the ladder run `{next(iter(by_file))}`")
+            continue
+        sources = [f"{', '.join(es)} from `{name}`" + (" (a run cut off by its time limit: what it had not reached"
+                                                      " is not in it)" if name in cut else "")
+                   for name, es in by_file.items()]
+        lines.append(f"- {workload} (no ladder run yet: the newest of separate runs, which do not compare): "
+                     + "; ".join(sources))
     return "\n".join(lines)
 
 
@@ -134,18 +145,23 @@ def digest(data: dict) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _short(engine: str) -> str:
+    """A chart label: "07 paged attention" for stage07_paged_attention, a baseline's tag as it is."""
+    return engine[5:].replace("_", " ") if engine.startswith("stage") else engine
+
+
 def draw(data: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, key, title, unit in ((a, "ragged", "ragged: output tok/s", "tok/s"),
-                                 (b, "latency", "latency: ms per decode step, B = 1", "ms")):
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(12, 4.4))
+    for ax, key, title, unit in ((a, "ragged", "ragged: output tok/s\n(higher is better)", "tok/s"),
+                                 (b, "latency", "latency: ms per decode step, B = 1\n(lower is better)", "ms")):
         names = list(data[key])
-        ax.barh(names, [data[key][n] for n in names], color=["#4c72b0" if n.startswith("stage") else "#999999"
-                                                              for n in names])
+        ax.barh([_short(n) for n in names], [data[key][n] for n in names],
+                color=["#4c72b0" if n.startswith("stage") else "#999999" for n in names])
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(unit)
         ax.invert_yaxis()
@@ -155,11 +171,11 @@ def draw(data: dict, path: Path) -> None:
         b.axvline(data["floor_ms"], color="#c44e52", linestyle="--", label=f"floor {data['floor_ms']:.2f} ms")
         b.legend(fontsize=8)
     for name, pts in data["long"].items():
-        c.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name,
+        c.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=_short(name),
                linestyle="-" if name.startswith("stage") else "--")
     c.set_xscale("log", base=2)
     c.set_yscale("log")
-    c.set_title("long: prefill tok/s by prompt length", fontsize=10)
+    c.set_title("long: prefill tok/s by prompt length\n(higher is better)", fontsize=10)
     c.set_xlabel("prompt tokens")
     if data["long"]:
         c.legend(fontsize=8)

@@ -48,3 +48,29 @@ def test_help_and_a_typo_write_nothing(argv, code, capsys, monkeypatch):
     if code:
         err = capsys.readouterr().err
         assert err.splitlines()[-1] == "python -m common.report: error: unrecognized arguments: --chek", err
+
+
+def test_a_complete_ladder_run_is_a_workload_s_only_source(tmp_path, monkeypatch):
+    """Once a workload has a complete ladder run, its figures all come from the newest one (separate runs of other
+    days and machines do not compare); a ladder run cut off by its time limit does not count; a workload without
+    one keeps the newest figures of separate runs, and the table says which it is."""
+    import json
+
+    def result(name, date, time, stages, ladder=False, complete=True):
+        r = {"workload": {"name": "ragged"}, "date": date, "time": time, "repeats": 3, "ladder": ladder,
+             "complete": complete, "environment": {"gpu": "NVIDIA H200"},
+             "stages": {e: {"output_tok_per_s": v, "spread": {}} for e, v in stages.items()}}
+        (tmp_path / name).write_text(json.dumps(r))
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    result("a.json", "2026-12-06", "10:00:00", {"stage07_paged_attention": 1.0, "hf-sdpa": 5.0})
+    result("b.json", "2026-12-06", "11:00:00", {"stage07_paged_attention": 2.0, "stage10_fused_kernels": 3.0})
+    assert set(report.newest()["ragged"]) == {"stage07_paged_attention", "hf-sdpa", "stage10_fused_kernels"}
+    assert "no ladder run yet" in report.table()
+    result("c.json", "2026-12-06", "12:00:00", {"stage07_paged_attention": 7.0, "stage08_cuda_graphs": 8.0},
+           ladder=True)
+    result("d.json", "2026-12-06", "13:00:00", {"stage07_paged_attention": 9.0}, ladder=True, complete=False)
+    ragged = report.newest()["ragged"]
+    assert {e: s["output_tok_per_s"] for e, (s, _) in ragged.items()} == {"stage07_paged_attention": 7.0,
+                                                                          "stage08_cuda_graphs": 8.0}
+    assert "- ragged: the ladder run `c.json`" in report.table()
