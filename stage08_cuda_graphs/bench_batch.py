@@ -1,5 +1,5 @@
-"""Continuous batching (pytest-benchmark). Against stage04 in the same run: the harness,
-`python -m common.bench --stages 04,05 --workload ragged` (a stage never imports another).
+"""The batching loop under load (pytest-benchmark). Against the other stages and the baselines in the same run:
+the harness, `python -m common.bench --ladder --workload ragged` (a stage never imports another).
 
     pytest <this stage>/bench_batch.py --benchmark-only -m gpu
 
