@@ -160,7 +160,8 @@ class DecodeGraphs:
         self.graphs: dict = {}
         self.capture_s, self.graph_bytes = 0.0, 0
         self.timed_now, self.timings_file = 0, None     # GEMM shapes timed by this engine; where the times are kept
-        self.gemm_us: dict[tuple[str, int], tuple[float, float]] = {}
+        self.gemm_us: dict[tuple[str, int], tuple[float, float, int]] = {}   # (name, M) -> cuBLAS us, gemv us,
+        #                                                                       its warps a column (pick_gemms)
 
     # ------------------------------------------------------------------ at start
     def _views(self, size: int):

@@ -56,6 +56,12 @@ def _expect(what: str, ok: bool, *arrays: DeviceArray) -> None:
         raise ValueError(f"{what}: unexpected arguments {shapes}")
 
 
+def _aligned(H: int, *arrays: DeviceArray) -> bool:
+    """rmsnorm.cu moves 8 bf16 (16 bytes) a load where H % 8 == 0: then every array must start 16-byte aligned
+    (whole rows of such an array are, when it does)."""
+    return H % 8 != 0 or all(a.ptr % 16 == 0 for a in arrays)
+
+
 def _arg(a: DeviceArray | None) -> np.uint64:
     """A kernel's pointer argument; None is the null pointer (an optional input)."""
     return np.uint64(0) if a is None else a.arg
@@ -133,8 +139,8 @@ class Kernels:
     def rms_norm(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, eps: float) -> None:
         """y = x / rms(x) * w, row by row.   x, y (T, H) bf16, w (H,) bf16."""
         T, H = x.shape
-        _expect("rms_norm", x.dtype == w.dtype == y.dtype == "bf16" and w.shape == (H,) and y.shape == (T, H),
-                x, w, y)
+        _expect("rms_norm", x.dtype == w.dtype == y.dtype == "bf16" and w.shape == (H,) and y.shape == (T, H)
+                and _aligned(H, x, w, y), x, w, y)
         self.gpu.launch(self._rms_norm, self._config("norm", T, THREADS), x.arg, w.arg, y.arg, np.int32(H),
                         np.float32(eps))
 
@@ -142,7 +148,7 @@ class Kernels:
         """x += d (in place, bf16), then y = rms_norm(x) * w.   x, d, y (T, H) bf16, w (H,) bf16."""
         T, H = x.shape
         _expect("add_rms_norm", x.dtype == d.dtype == w.dtype == y.dtype == "bf16" and w.shape == (H,)
-                and d.shape == y.shape == (T, H), x, d, w, y)
+                and d.shape == y.shape == (T, H) and _aligned(H, x, d, w, y), x, d, w, y)
         self.gpu.launch(self._add_rms_norm, self._config("norm", T, THREADS), x.arg, d.arg, w.arg, y.arg,
                         np.int32(H), np.float32(eps))
 

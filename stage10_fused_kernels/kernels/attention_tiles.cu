@@ -47,7 +47,8 @@
 //
 // Launch: grid (n_tiles, nkv, n_splits), block 128. tiles (n_tiles, 4) i32: first row, n_rows (<= 64 / G),
 // seq_slot, first_pos; the tile's rows are consecutive in qkv and out and their K/V are in the cache
-// (rope_kv_write ran first). Block z takes keys z keys_per_split .. (z + 1) keys_per_split - 1 (n_splits > 1: one-row tiles only).
+// (rope_kv_write ran first). Block z takes keys z keys_per_split .. (z + 1) keys_per_split - 1 (n_splits > 1:
+// one-row tiles only).
 //   qkv (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); K, V (num_blocks, BS, nkv, HD) bf16;
 //   block_tables (B, table_width) i32: the blocks of seq_slot b's positions 0, BS, 2 BS, .. in order;
 //   out (R, nh HD) bf16, the tiles' rows written (n_splits = 1); partial (n_tiles, n_splits, nh, HD + 2) f32 as in

@@ -440,6 +440,10 @@ def test_launchers_reject_bad_shapes(kernels):
     gpu = kernels.gpu
     with pytest.raises(ValueError, match="rms_norm"):
         kernels.rms_norm(gpu.empty((3, 8), "bf16"), gpu.empty((9,), "bf16"), gpu.empty((3, 8), "bf16"), 1e-5)
+    shifted = gpu.empty((3 * 64 + 1,), "bf16").view(2, (3, 64))                  # 2 bytes past 16: its 16-byte
+    with pytest.raises(ValueError, match="add_rms_norm"):                     # loads would fault
+        kernels.add_rms_norm(shifted, gpu.empty((3, 64), "bf16"), gpu.empty((64,), "bf16"),
+                             gpu.empty((3, 64), "bf16"), 1e-5)
     cache, tables = gpu.empty((2, 4, 1, 8), "bf16"), gpu.empty((3, 2), "i32")
     tiles, partial = gpu.empty((3, 4), "i32"), gpu.empty((3 * 2 * 2 * 10,), "f32")
     with pytest.raises(ValueError, match="attention"):                        # tiles of 3 numbers
