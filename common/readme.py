@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
 
-from common import results
+from common import blocks, results
+from common.report import table as cross_stage
 from common.workloads import BATCH_SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,18 +223,11 @@ def serving_results() -> str:
     return "\n".join(rows)
 
 
-def cross_stage() -> str:
-    from common.report import table
-
-    return table()
-
-
 GENERATORS = {"stage-ladder": stage_ladder, "cross-stage": cross_stage, "presets": presets,
               "latency-results": latency_results, "growth-results": growth_results, "batch-results": batch_results,
               "ragged-results": ragged_results, "ragged-budget-results": ragged_budget_results,
               "serving-results": serving_results, "long-results": long_results}
 # (the generators above are data-driven: they read results, and name no stage)
-BLOCK = re.compile(r"(<!-- generated:([\w-]+) -->\n)(.*?)(<!-- end:\2 -->)", re.S)
 
 
 def generators(readme: Path) -> dict:
@@ -246,15 +239,7 @@ def generators(readme: Path) -> dict:
 
 
 def render(text: str, readme: Path = ROOT / "README.md") -> str:
-    gens = generators(readme)
-
-    def block(m):
-        if m.group(2) not in gens:
-            raise KeyError(f"{readme.relative_to(ROOT)}: no generator {m.group(2)!r} (common/readme.py or the "
-                           "stage's chapter.py)")
-        return m.group(1) + gens[m.group(2)]() + "\n" + m.group(4)
-
-    return BLOCK.sub(block, text)
+    return blocks.render(text, generators(readme), str(readme.relative_to(ROOT)))
 
 
 def readmes() -> list[Path]:
@@ -266,16 +251,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.readme", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a README is out of date")
     check = ap.parse_args(argv).check
-    stale, blocks = [], 0
+    stale, found = [], 0
     for path in readmes():
         old = path.read_text()
         new = render(old, path)
-        blocks += len(BLOCK.findall(old))
+        found += blocks.count(old)
         if new != old:
             stale.append(str(path.relative_to(ROOT)))
             if not check:
                 path.write_text(new)
-    checked = f"{blocks} generated blocks in {len(readmes())} READMEs"
+    checked = f"{found} generated blocks in {len(readmes())} READMEs"
     if check and stale:
         print("out of date (run python -m common.readme): " + ", ".join(stale))
         return 1

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from common import results
+from common import blocks, results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -194,8 +194,6 @@ def chart_is_current(data: dict, path: Path = CHART) -> bool:
 
 
 def main(argv=None) -> int:
-    from common import readme
-
     ap = argparse.ArgumentParser(prog="python -m common.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 if the README's generated blocks or the chart are stale")
@@ -203,7 +201,7 @@ def main(argv=None) -> int:
     data = chart_data()
     path = ROOT / "README.md"
     old = path.read_text()
-    new = readme.render(old)
+    new = blocks.render(old, {"cross-stage": table}, "README.md", only=True)   # the others: common.readme's
     stale = ([] if new == old else ["README.md"]) + ([] if chart_is_current(data) else [str(CHART.relative_to(ROOT))])
     checked = (f"README.md's generated blocks and {CHART.relative_to(ROOT)} (digest {digest(data)}), from "
                f"{len(list(RESULTS.glob('*.json')))} result files in {RESULTS.relative_to(ROOT)}")

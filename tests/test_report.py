@@ -74,3 +74,15 @@ def test_a_complete_ladder_run_is_a_workload_s_only_source(tmp_path, monkeypatch
     assert {e: s["output_tok_per_s"] for e, (s, _) in ragged.items()} == {"stage07_paged_attention": 7.0,
                                                                           "stage08_cuda_graphs": 8.0}
     assert "- ragged: the ladder run `c.json`" in report.table()
+
+
+def test_report_does_not_import_readme():
+    """readme's cross-stage block is report's table, so readme imports report; report renders only that block of
+    the README and imports nothing of readme (they imported each other, inside functions)."""
+    import subprocess
+    import sys
+
+    code = "import sys, common.report; assert 'common.readme' not in sys.modules, sorted(sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
