@@ -1,106 +1,241 @@
 """The generated parts of this stage's chapter (README.md); `python -m common.readme` renders them with the common,
 data-driven ones.
 
-  graph-ladder    which captured graph a decode step of R rows replays, and how many padding rows it carries:
-                  computed by graphs.py for the default max_num_seqs
-  decode-profile  the committed runs of `python -m common.profile`: a decode step's kernels, group by group (time
-                  on the critical path), against their floors, one column per run, one table per batch size
-  step-split      the committed runs of bench_batch.py's test_decode_step_split: a decode step's wall time with
-                  and without asynchronous scheduling, and its GPU and host time kernel by kernel and replayed
+  placeholder-timeline  three requests through scheduler.py and packing.py in the order of an asynchronous
+                        step(): what each launch packs (tokens, prev_rows), what each record reads back, and
+                        each request's tokens with their placeholders; against the same requests run in turn
+  pre-split-split       the committed runs of the pre-split tree's test_decode_step_split (it held this stage's
+                        idea and stage10's kernels): a decode step's wall time with and without asynchronous
+                        scheduling, the GPU's time of the replay and the loop's own host time
+  pre-split-pairs       the pre-split tree's harness runs just before and just after asynchronous scheduling came
+                        in, read from the results the cited log folders hold
+  step-split            this stage's own test_decode_step_split (bench_batch.py), or the command that measures it
+  against-previous      this stage against the previous one in one harness run per workload (`latency`, `batch`,
+                        `ragged`), or the command that measures it
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from common.profile import ORDER
-from common.readme import RESULTS, pytest_bench
+from common import results
+from common.outputs import Timing
+from common.readme import RESULTS, ROOT, pytest_bench
+from common.sampling import SamplingParams
 
-from .cache import MAX_NUM_SEQS
-from .graphs import capture_sizes, graph_size
+from .block_manager import BlockManager
+from .packing import pack
+from .scheduler import Scheduler
+from .sequence import Sequence, SequenceStatus
 
-ROWS = (1, 2, 3, 5, 8, 9, 24, 33, 64, 65, 100, 129, 200, 256)
-STAGE = Path(__file__).parent.name   # this stage's profiles: the runs with graphs
+HERE = Path(__file__).resolve().parent
+PREVIOUS = sorted(p.name for p in HERE.parent.glob("stage[0-9][0-9]_*") if p.name < HERE.name)[-1]
+NN, PREV_NN = HERE.name[5:7], PREVIOUS[5:7]
+PRE_SPLIT_RUNS = "2026-12-04-H200-stage08-"    # the pre-split tree's log folders (benchmarks/logs/README.md)
+# (workload, the run just before asynchronous scheduling, the run just after it), by log folder
+PRE_SPLIT_PAIRS = (("latency", "gemv-warps-split-latency", "async-latency-step-split"),
+                   ("batch", "kernel-fixes-latency-batch", "async-batch-server"),
+                   ("ragged", "sync-ragged-server", "async-ragged-profile"))
+BATCH = (1, 8, 32, 64)
 
 
-def graph_ladder() -> str:
-    sizes = capture_sizes(MAX_NUM_SEQS)
-    lines = [f"Captured sizes at max_num_seqs={MAX_NUM_SEQS}: {', '.join(map(str, sizes))}.", "",
-             "| decode rows | graph replayed | padding rows | share of the GEMMs' rows that are padding |",
-             "| --- | --- | --- | --- |"]
-    for r in ROWS:
-        size = graph_size(r, sizes)
-        lines.append(f"| {r} | {size} | {size - r} | {(size - r) / size:.0%} |")
+# ---------------------------------------------------------------------- the worked example (CPU, from the code)
+def _requests():
+    """A: 3 prompt tokens, 3 new. B: 2 prompt tokens, stops on token 7. C: waits for a seq_slot (two of them)."""
+    def seq(name, prompt, max_tokens, stop=()):
+        return Sequence(name, prompt, SamplingParams(max_tokens=max_tokens), frozenset(stop), 0, Timing(len(prompt)))
+
+    seqs = [seq("A", [11, 12, 13], 3), seq("B", [21, 22], 8, stop=[7]), seq("C", [51, 52], 2)]
+    ids = {"A": iter([31, 32, 33]), "B": iter([41, 7, 43]), "C": iter([61, 62])}   # what "the GPU" samples
+    sched = Scheduler(2, 16, BlockManager(8, 4), 64)
+    for s in seqs:
+        sched.add(s)
+    return sched, seqs, ids
+
+
+def _reason(s):
+    return "stop" if s.new[-1] in s.stop else "length" if len(s.new) >= s.params.max_tokens else None
+
+
+def _run(asynchronous: bool):
+    """Drive the scheduler as LLMEngine.step() does; per call: (plan, its packed inputs, the requests' tokens
+    as packed, the ids recorded in that call, the tokens after it). Also the rows computed for nothing."""
+    sched, seqs, ids = _requests()
+    in_flight, calls, wasted = None, [], []
+    while sched.has_unfinished() or in_flight:
+        if in_flight:
+            wasted += [c for c in in_flight[0].chunks if c.seq.finished]      # advance() drops their rows
+            sched.advance(in_flight[0])
+        plan = sched.schedule()
+        launched = x = None
+        if plan.chunks:
+            x = pack(plan, 64, 4)
+            launched = (plan, [next(ids[c.seq.request_id]) for c in plan.sampling])
+        packed = [None if s.status is SequenceStatus.WAITING and not s.new else list(s.new) for s in seqs]
+        if asynchronous:
+            done, in_flight = in_flight, launched
+        else:
+            done = launched
+            if launched:
+                sched.advance(plan)
+        if done:
+            sched.record(*done, _reason)
+        calls.append((plan, x, packed, done[1] if done else None, [(list(s.new), s.finish_reason) for s in seqs]))
+    return calls, wasted
+
+
+def _rows(plan) -> str:
+    return ", ".join(f"{c.seq.request_id}@{c.start}" + (f"..{c.start + c.n - 1}" if c.n > 1 else "")
+                     for c in plan.chunks) or "-"
+
+
+def placeholder_timeline() -> str:
+    calls, wasted = _run(asynchronous=True)
+    lines = ["| `step()` call | launched: rows (request@positions) | their tokens | prev_rows | read back: the ids of "
+             "the step before | A's new tokens (as packed -> after the record) | B's | C's |", "|" + " --- |" * 8]
+    for k, (plan, x, packed, ids, after) in enumerate(calls, 1):
+        cells = []
+        for was, (now, reason) in zip(packed, after):
+            if was is None and not now:
+                cells.append("waiting")
+            else:                                      # a token recorded in this call: as packed -> after
+                cells.append((f"{was} -> {now}" if was != now else f"{now}") + (f" {reason}" if reason else ""))
+        prev = "-" if x is None or x.prev_rows is None else ", ".join(map(str, x.prev_rows))
+        lines.append(f"| {k} | {_rows(plan)} | {'-' if x is None else ', '.join(map(str, x.tokens))} | {prev} | "
+                     f"{'-' if ids is None else ', '.join(map(str, ids))} | " + " | ".join(cells) + " |")
+    sync, _ = _run(asynchronous=False)
+
+    def admitted(run):
+        return next(k for k, (plan, *_) in enumerate(run, 1) if any(c.seq.request_id == "C" for c in plan.chunks))
+
+    launches = [sum(1 for plan, *_ in run if plan.chunks) for run in (sync, calls)]
+    rows = [sum(plan.num_rows for plan, *_ in run) for run in (sync, calls)]
+    lines += ["", f"The same requests run in turn (`async_scheduling=False`) take {launches[0]} steps of {rows[0]} "
+              f"rows, C admitted at step {admitted(sync)}; here {launches[1]} steps of {rows[1]} rows, C admitted at "
+              f"step {admitted(calls)}, and the row{'s' * (len(wasted) > 1)} "
+              + ", ".join(f"{c.seq.request_id}@{c.start}" for c in wasted) + " computed for nothing."]
     return "\n".join(lines)
 
 
-def _eager(p: dict) -> bool:
-    """A run without this stage's graphs (an earlier stage, or enforce_eager): every GEMM through cuBLAS."""
-    return p["enforce_eager"] or p["stage"] != STAGE
+# ---------------------------------------------------------------------- the decode step's split
+def _split_table(b: dict) -> list[str]:
+    """The rows of test_decode_step_split's cases in one pytest-benchmark file, by batch size."""
+    cases = sorted((n for n in b if n.startswith("test_decode_step_split")),
+                   key=lambda n: b[n]["extra_info"]["batch_size"])
+    lines = ["| B | wall, asynchronous | wall, synchronous | GPU, the replay alone | host, to queue the replay | "
+             "the loop's host time a step | floor |", "|" + " --- |" * 7]
+    for name in cases:
+        e = b[name]["extra_info"]
+        lines.append(f"| {e['batch_size']} | " + " | ".join(f"{e[k]:.2f} ms" for k in (
+            "wall_ms", "wall_sync_ms", "graph_gpu_ms", "graph_host_queue_ms", "host_loop_ms",
+            "bandwidth_floor_ms")) + " |")
+    return lines
 
 
-def _label(p: dict) -> str:
-    return f"`{p['stage'][:7]}` {'eager' if _eager(p) else 'graphs'}, {p['date'][11:16]}"
+SPLIT_HOW = ("`bench_batch.py::test_decode_step_split`: B sequences of 256 cached positions, all decoding; the walls "
+             "the median of 20 `step()` calls, each way; GPU and queueing times from events")
 
 
-def decode_profile() -> str:
-    runs = sorted((json.loads(f.read_text()) for f in RESULTS.glob("*_profile-*.json")),   # the stages in order,
-                  key=lambda p: (p["stage"], not p["enforce_eager"], p["date"]))       # eager before graphs
+def pre_split_split() -> str:
     lines = []
-    for batch in sorted({p["batch"] for p in runs}):
-        mine = [p for p in runs if p["batch"] == batch]
-        first = mine[0]                              # the floors: the same shapes in every run of this batch
-        lines += [f"Batch {batch}, {first['cache_length']} prompt tokens a request, {first['gpu']}, "
-                  f"{first['date'][:10]}: us a decode step, the median of {first['steps']} steps (the floors at "
-                  f"the copy bandwidth each run measured, {first['copy_gb_per_s']:,.0f} GB/s in the first):", "",
-                  "| kernels | floor | " + " | ".join(_label(p) for p in mine) + " |",
-                  "| --- | --- | " + " | ".join("---" for _ in mine) + " |"]
-        for group in ORDER:                         # a run fusing two groups' kernels has the fused group instead
-            ran = [p["groups"][group] for p in mine if p["groups"].get(group, {}).get("us")]
-            if not ran:
-                continue
-            cells = []
-            for p in mine:
-                g = p["groups"].get(group, {"us": 0.0})
-                ratio = f" ({g['us'] / g['floor_us']:.1f}x)" if g["us"] and g["floor_us"] >= 1 else ""
-                cells.append(f"{g['us']:.1f}{ratio}" if g["us"] else "-")
-            lines.append(f"| {group} | {ran[0]['floor_us']:.1f} | " + " | ".join(cells) + " |")
-        for key, name in (("exposed_us", "all kernels, on the critical path"),
-                          ("span_us", "GPU span, first start to last end"),
-                          ("wall_us", "the step's wall time, through step()")):
-            floor = f"{first['floor_us']:.1f}" if key == "exposed_us" else ""
-            # (a run before exposed_us had no overlapping kernels: its busy time is the same sum)
-            lines.append(f"| **{name}** | {floor} | " + " | ".join(f"{p.get(key, p['busy_us']):.0f}" for p in mine)
-                         + " |")
-        lines.append("| kernels a step | | " + " | ".join(f"{p['kernels_per_step']:.0f}" for p in mine) + " |")
-        lines.append("| GEMMs through gemv.cu (M x N x K) | | " + " | ".join(
-            "none" if _eager(p) else ", ".join("x".join(map(str, g)) for g in p["gemv_shapes"]) or "none"
-            if "gemv_shapes" in p else "not recorded" for p in mine) + " |")
-        lines.append("| GEMMs through a cuBLASLt pick (M x N x K) | | " + " | ".join(
-            "none" if _eager(p) else ", ".join(p["cublaslt_shapes"]) or "none"
-            if "cublaslt_shapes" in p else "not recorded" for p in mine) + " |")
-        lines.append("")
+    for date, gpu, b in pytest_bench("pytest-bench-graphs"):
+        if date >= results.SPLIT_DATE or not any("wall_sync_ms" in x["extra_info"] for x in b.values()):
+            continue                                 # a run from before asynchronous scheduling came in
+        lines += [f"Measured {date} on {gpu}, on the pre-split tree: this stage's asynchronous scheduling over "
+                  f"stage10's fused kernels ({SPLIT_HOW}):", "", *_split_table(b), ""]
     return "\n".join(lines).rstrip()
 
 
 def step_split() -> str:
+    runs = pytest_bench(f"pytest-bench-step-{NN}")
+    if not runs:
+        return (f"The decode step's split on this stage's tree: not measured yet. `bash scripts/gpu_check.sh LOGS "
+                f"bench{NN}` measures it on a GPU; its JSON file (`*_pytest-bench-step-{NN}.json`) goes into "
+                "`benchmarks/results/`, and this table reads it from there.")
     lines = []
-    for date, gpu, b in pytest_bench("pytest-bench-graphs"):
-        cases = sorted((n for n in b if n.startswith("test_decode_step_split")),
-                       key=lambda n: b[n]["extra_info"]["batch_size"])
-        if not cases or "wall_sync_ms" not in b[cases[0]]["extra_info"]:
-            continue                                 # a run from before asynchronous scheduling
-        lines += [f"Measured {date} on {gpu} (`bench_batch.py::test_decode_step_split`, 256 cached positions a "
-                  "sequence; walls the median of 20 steps through `step()`, GPU and queueing times from events):",
-                  "", "| B | wall, async | wall, sync | GPU, replayed | host to queue the replay | GPU, kernel by "
-                  "kernel | host to queue them | the loop's host time | floor |", "|" + " --- |" * 9]
-        for name in cases:
-            e = b[name]["extra_info"]
-            lines.append(f"| {e['batch_size']} | " + " | ".join(f"{e[k]:.2f} ms" for k in (
-                "wall_ms", "wall_sync_ms", "graph_gpu_ms", "graph_host_queue_ms", "gpu_ms", "host_queue_ms",
-                "host_loop_ms", "bandwidth_floor_ms")) + " |")
-        lines.append("")
+    for date, gpu, b in runs:
+        lines += [f"Measured {date} on {gpu}, this stage's tree ({SPLIT_HOW}):", "", *_split_table(b), ""]
     return "\n".join(lines).rstrip()
 
 
-GENERATORS = {"graph-ladder": graph_ladder, "decode-profile": decode_profile, "step-split": step_split}
+# ---------------------------------------------------------------------- harness runs
+FIGURES = [("latency", "ms per decode step, batch 1", "ms_per_decode_step", True),
+           ("latency", "time to first token, ms", "ttft_ms", True),
+           *(("batch", f"output tok/s, B = {n}", f"output_tok_per_s_at_B{n}", False) for n in BATCH),
+           ("ragged", "output tok/s", "output_tok_per_s", False),
+           ("ragged", "ms per decode step", "ms_per_decode_step", True),
+           ("ragged", "the loop's time outside the wait (host_time_share)", "host_time_share", None)]
+
+
+def _cell(s: dict, key: str, lower_is_better) -> str:
+    if lower_is_better is None:
+        return f"{100 * s[key]:.1f}%"
+    fmt = "{:.2f}" if lower_is_better else "{:,.0f}"
+    lo_hi = s.get("spread", {}).get(key)
+    return fmt.format(s[key]) + (f" ({'-'.join(fmt.format(v) for v in lo_hi)})" if lo_hi else "")
+
+
+def _faster(a: dict, b: dict, key: str, lower_is_better) -> str:
+    """b's speed against a's (above 1x: b is faster, whichever way the figure points)."""
+    if lower_is_better is None:
+        return "-"
+    return f"{(a[key] / b[key] if lower_is_better else b[key] / a[key]):.2f}x"
+
+
+def _pre_split_run(folder: str, workload: str) -> dict:
+    """The harness result a pre-split log folder holds for a workload, read from benchmarks/results."""
+    logs = ROOT / "benchmarks" / "logs" / f"{PRE_SPLIT_RUNS}{folder}"
+    name, = (p.name for p in logs.glob(f"*_{workload}-*.json"))
+    return results.load(RESULTS / name)
+
+
+def pre_split_pairs() -> str:
+    rows = ["Measured 2026-12-04 on NVIDIA H200 (1B preset), the pre-split tree in two harness runs a workload, "
+            "medians of 3 runs (min-max); stage07 ran in the same harness run as each, and shows how fast that "
+            "host was:", "",
+            f"| workload | figure | runs (folders of benchmarks/logs: `{PRE_SPLIT_RUNS}...`) | synchronous | "
+            "stage07 beside it | asynchronous | stage07 beside it | asynchronous against synchronous |",
+            "|" + " --- |" * 8]
+    for workload, before, after in PRE_SPLIT_PAIRS:
+        (*_, (_, s07), (_, sync)), (*_, (_, a07), (_, asyn)) = (
+            _pre_split_run(f, workload)["stages"].items() for f in (before, after))
+        runs = f"`{before}`, `{after}`"
+        for w, label, key, lower in FIGURES:
+            if w == workload and key in sync:
+                rows.append(f"| `{w}` | {label} | {runs} | {_cell(sync, key, lower)} | "
+                            f"{_cell(s07, key, lower)} | {_cell(asyn, key, lower)} | {_cell(a07, key, lower)} | "
+                            f"{_faster(sync, asyn, key, lower)} |")
+                runs = '"'                                  # the same runs as the row above
+    return "\n".join(rows)
+
+
+def against_previous() -> str:
+    """The newest committed harness run holding both this stage and the previous one, for each workload (each
+    engine sizing its own KV cache)."""
+    runs = {}
+    for path in sorted(RESULTS.glob("*.json")):          # named GPU_date_workload-..._time: the newest comes last
+        r = results.load(path)
+        if {PREVIOUS, HERE.name} <= set(r.get("stages") or ()) and not r.get("kv_cache_gib"):
+            runs[r["workload"]["name"]] = r
+    command = (f"`LATENCY_STAGES={PREV_NN},{NN} BATCH_STAGES={PREV_NN},{NN} RAGGED_STAGES={PREV_NN},{NN} "
+               "bash scripts/gpu_check.sh LOGS latency,batch,ragged`")
+    if not runs:
+        return (f"This stage against stage{PREV_NN}: not measured yet. {command} measures it on a GPU (one harness "
+                "run a workload, 3 repeats each); its JSON files go into `benchmarks/results/`, and this table reads "
+                "them from there.")
+    rows = [f"| workload | figure | run | `{PREVIOUS}` | `{HERE.name}` | stage{NN} against stage{PREV_NN} |",
+            "|" + " --- |" * 6]
+    for workload, label, key, lower in FIGURES:
+        r = runs.get(workload)
+        if r is None:
+            rows.append(f"| `{workload}` | {label} | not measured yet | | | |")
+            continue
+        a, b = r["stages"][PREVIOUS], r["stages"][HERE.name]
+        rows.append(f"| `{workload}` | {label} | {r['date']} {r.get('time', '')[:5]}, {r['environment']['gpu']} | "
+                    f"{_cell(a, key, lower)} | {_cell(b, key, lower)} | {_faster(a, b, key, lower)} |")
+    if len(runs) < len({w for w, *_ in FIGURES}):
+        rows += ["", f"The rows not measured yet: {command} measures them."]
+    return "\n".join(rows)
+
+
+GENERATORS = {"placeholder-timeline": placeholder_timeline, "pre-split-split": pre_split_split,
+              "pre-split-pairs": pre_split_pairs, "step-split": step_split, "against-previous": against_previous}
