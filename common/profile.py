@@ -1,8 +1,8 @@
 """Per-kernel profile of decode steps, each kernel against its floor: the bytes it must move at the measured
 copy bandwidth.
 
-    python -m common.profile --stage 08 --workload latency          (batch 1, as the `latency` workload)
-    python -m common.profile --stage 08 --batch 64 --enforce-eager  (the same stage launching kernel by kernel)
+    python -m common.profile --stage 10 --workload latency          (batch 1, as the `latency` workload)
+    python -m common.profile --stage 10 --batch 64 --enforce-eager  (the same stage launching kernel by kernel)
     python -m common.profile --stage 03                             (a stage with generate() alone)
 
 B requests of `--cache-length` prompt tokens (1B preset) are prefilled, 8 decode steps warm up, then `--steps`
