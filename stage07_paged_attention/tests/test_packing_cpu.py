@@ -96,5 +96,5 @@ def test_decode_split_covers_the_keys_in_whole_tiles(n_rows, max_keys):
     n, per = decode_split(n_rows, max_keys, 8, 132, 1024)
     assert 1 <= n <= 32 and n * per >= max_keys > (n - 1) * per    # every split but the last full, none empty
     assert n == 1 or (per % 32 == 0 and per >= MIN_KEYS_PER_SPLIT and n_rows * n <= 1024)
-    if n_rows * 8 >= 4 * 132 or max_keys < 512:                 # enough blocks already, or too few keys to split
+    if n_rows * 8 >= 4 * 132 or max_keys < 2 * MIN_KEYS_PER_SPLIT:   # enough blocks already, or too few keys
         assert n == 1
