@@ -105,7 +105,8 @@ class SchedulerStats:
 
     @property
     def host_time_share(self) -> float:
-        """The share of the loop's time the GPU waits on the host (plan, pack, record, detokenise)."""
+        """The share of the loop's time outside the waits for the GPU (plan, pack, launch, record, detokenise):
+        without asynchronous scheduling the GPU waits through it; with it, most of it runs while the GPU works."""
         total = sum(self.forward_s) + sum(self.host_s)
         return sum(self.host_s) / total if total else 0.0
 

@@ -94,7 +94,7 @@ def test_decode_step_split(benchmark, engine, B):
     engine.llm.async_scheduling = False              # idle between tests: no step in flight to record
     ids = decoding()
     sync_walls = []
-    for i in range(23):
+    for _ in range(23):
         t = time.perf_counter()
         engine.step()
         sync_walls.append(time.perf_counter() - t)

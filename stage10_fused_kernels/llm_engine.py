@@ -34,6 +34,7 @@ import itertools
 import secrets
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 from common.outputs import RequestOutput, Timing
 from common.prompts import PromptError, PromptPreparer
@@ -41,7 +42,7 @@ from common.sampling import SamplingParams
 
 from .block_manager import BlockManager, blocks_for
 from .packing import pack
-from .scheduler import Scheduler, SchedulerStats
+from .scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from .sequence import Sequence
 
 
@@ -65,6 +66,14 @@ class Ready:
         return self.ids
 
 
+class Launched(NamedTuple):
+    """A step handed to the runner and not yet recorded."""
+
+    plan: SchedulerOutput
+    ids: object                        # the runner's handle: ids.result() waits for the sampled ids
+    prompt_rows: int                   # for the wait's account: a wait is counted for the step it waited for
+
+
 class LLMEngine:
     def __init__(self, runner, prompts: PromptPreparer, max_num_seqs: int, max_num_batched_tokens: int,
                  blocks: BlockManager, async_scheduling: bool = False):
@@ -73,8 +82,7 @@ class LLMEngine:
         self.blocks = blocks
         self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, blocks, self.max_model_len)
         self.async_scheduling = async_scheduling
-        self._in_flight = None         # async: the step launched and not yet recorded: (plan, its sampled ids,
-        #                                its prompt rows)
+        self._in_flight: Launched | None = None   # async: the step launched by the last step() call
         self._auto_ids = itertools.count()
         self._live: dict = {}          # request id -> how step() reports it: its text stream (a DetokenizeStream),
         #                                FINAL_ONLY, or TOKEN_IDS (no text: the caller detokenises)
@@ -131,15 +139,15 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         if self._in_flight is not None:            # async: the step launched by the last call, not yet recorded
-            self.scheduler.advance(self._in_flight[0])   # placeholders, for schedule() to plan the rows after
+            self.scheduler.advance(self._in_flight.plan)   # placeholders, for schedule() to plan the rows after
         plan = self.scheduler.schedule()
         launched = None
         if plan.chunks:
             for c in plan.chunks:
                 if c.start == 0:                   # its first chunk: (re)admitted in this schedule()
                     self.runner.admit(c.seq)
-            launched = (plan, self.runner.launch(pack(plan, self.max_model_len, self.blocks.block_size)),
-                        self.scheduler.stats.prefill_rows[-1])      # its prompt rows, for the wait's account
+            launched = Launched(plan, self.runner.launch(pack(plan, self.max_model_len, self.blocks.block_size)),
+                                self.scheduler.stats.prefill_rows[-1])
         if self.async_scheduling:                  # record the step before while this one runs
             done, self._in_flight = self._in_flight, launched
         elif launched:
@@ -148,19 +156,21 @@ class LLMEngine:
         else:
             done = None
         t1 = time.perf_counter()
-        sampled = done[1].result() if done else None   # returns when the GPU is done with that step
+        sampled = done.ids.result() if done else None   # returns when the GPU is done with that step
         t2 = time.perf_counter()
-        outs = self._record(done[0], sampled) if done else []
+        outs = self._record(done.plan, sampled) if done else []
+        flushed = 0.0                              # a wait for the GPU after t2, counted with the forward's
         if self._in_flight is not None and not self.scheduler.has_unfinished():
-            self._in_flight[1].result()            # every row of it is of stopped requests: nothing to record
-            self._in_flight = None
+            t3 = time.perf_counter()
+            self._in_flight.ids.result()           # every row of it is of stopped requests: nothing to record
+            self._in_flight, flushed = None, time.perf_counter() - t3
         # the host's share of the step, all but the wait: without async scheduling the GPU sits idle through it
         # (plan, pack, record, detokenise); with it, most of it runs while the GPU works on the step launched here
         if done or launched:
             stats = self.scheduler.stats
-            stats.host_s.append(time.perf_counter() - t2 + t1 - t0)
-            stats.forward_s.append(t2 - t1)
-            stats.forward_prefill_rows.append(done[2] if done else 0)   # the wait is for `done`, not this plan
+            stats.host_s.append(time.perf_counter() - t2 + t1 - t0 - flushed)
+            stats.forward_s.append(t2 - t1 + flushed)
+            stats.forward_prefill_rows.append(done.prompt_rows if done else 0)   # the wait is `done`'s
         return outs
 
     def _record(self, plan, sampled) -> list[RequestOutput]:

@@ -2,7 +2,7 @@
 step the way a graph does: packed into the fixed layout of the smallest captured size that holds it (pack_decode),
 then read back from that layout alone, as the graph's kernels read it; padding rows must write nothing. Whatever
 the arrivals, chunking and preemption, every request gets exactly the tokens the numpy reference engine gives it
-alone, and no decode step brings more block-table updates than it has rows (the pinned buffers' bound). The
+alone, and no decode step brings more block-table updates than it has rows (the bound of the inputs layout). The
 engine schedules asynchronously, as the GPU engine does by default: decode rows name their token by the step
 before's sampled id (prev_rows), which must come through the layout too."""
 import numpy as np

@@ -293,3 +293,37 @@ def test_each_wait_is_counted_for_the_step_it_waited_for(reference, monkeypatch)
     assert sorted(k for k, _ in waits) == list(range(1, len(prompt_steps) + 1))         # each step's, once
     assert [bool(p) for _, p in waits] == [prompt_steps[k - 1] for k, _ in waits]      # prefill: its own rows
     assert not any(p for f, p in zip(st.forward_s, st.forward_prefill_rows) if not f)  # no wait, nothing counted
+
+
+def test_a_step_of_stopped_requests_is_waited_for_as_a_forward(reference, monkeypatch):
+    """A request that stops on a stop token at step t has a row of step t+1 in flight; with nothing left to record,
+    step() waits for that step before it goes idle. That wait is the GPU's, not the host's: on a fake clock where
+    only waiting for a step takes time (k seconds for the k-th step launched), every second is in forward_s and
+    none in host_s."""
+    clock = FakeClock()
+    monkeypatch.setattr(sys.modules[LLMEngine.__module__], "time", clock)
+
+    class Waited:
+        def __init__(self, ready, seconds):
+            self.ready, self.seconds = ready, seconds
+
+        def result(self):
+            clock.now, self.seconds = clock.now + self.seconds, 0.0
+            return self.ready.result()
+
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    third = engine(reference)[0].generate([[5, 6, 7]], greedy)[0].token_ids[2]
+    eng, runner = engine(reference)
+    launch, launched = runner.launch, []
+
+    def timed_launch(step):
+        launched.append(float(len(launched) + 1))
+        return Waited(launch(step), launched[-1])
+
+    runner.launch = timed_launch
+    out = eng.generate([[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=[third],
+                                                   ignore_eos=True))[0]
+    st = eng.scheduler.stats
+    assert out.finish_reason == "stop" and len(launched) == len(out.token_ids) + ASYNC
+    assert sum(st.forward_s) == sum(launched) and sum(st.host_s) == 0.0
+
