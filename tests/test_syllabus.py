@@ -40,6 +40,14 @@ SYLLABUS = [
     ("the paged KV cache", "stage07_paged_attention", "block tables", ("slot mapping", "block_size")),
     ("the paged attention kernel", "stage07_paged_attention", "paged kernel", ("block_tables",)),
     ("preemption by recompute", "stage07_paged_attention", "preemption", ("recompute",)),
+    ("CUDA graphs: capture and replay", "stage08_cuda_graphs", "record the step once", ("capture", "replay")),
+    ("padding rows of a graph", "stage08_cuda_graphs", "padding rows that write nowhere", ("padding", "slot")),
+    ("asynchronous scheduling", "stage09_async_scheduling", "launch step t+1 before reading step t",
+     ("placeholder",)),
+    ("placeholders and the step's record", "stage09_async_scheduling", "placeholders", ("advance", "record")),
+    ("a kernel against its floor", "stage10_fused_kernels", "a floor for every kernel", ("floor",)),
+    ("kernel fusion and programmatic dependent launch", "stage10_fused_kernels", "the kernels one by one",
+     ("one kernel", "griddepcontrol")),
 ]
 
 
