@@ -11,19 +11,17 @@ def kvcache_split() -> str:
 
 
 def latency_runs() -> str:
-    """`latency` (a 128-token prompt, 256 new tokens, batch 1) in every committed harness run that had this stage,
-    each engine of the run beside it; the floor reads the weights once at the copy bandwidth measured in that run."""
-    rows = ["| run | engine | ms per decode step | floor | time to first token | output tok/s |",
-            "| --- | --- | --- | --- | --- | --- |"]
-    for path in sorted(RESULTS.glob("*_latency-*.json")):
-        r = results.load(path)
-        if __package__ not in r["stages"] or r.get("kv_cache_gib"):
-            continue
-        bandwidth = r["environment"]["copy_bandwidth_gb_per_s"]
-        for name, s in r["stages"].items():
-            rows.append(f"| {r['date']}, `{path.stem.split('_', 2)[2]}` | `{name}` | {s['ms_per_decode_step']:.2f} | "
-                        f"{s['weight_bytes'] / bandwidth / 1e6:.2f} ms | {s['ttft_ms']:.2f} ms | "
-                        f"{s['output_tok_per_s']:.1f} |")
+    """`latency` (a 128-token prompt, 256 new tokens, batch 1): one row per committed harness run that had this
+    stage, the ms per decode step of each engine it ran, and the floor (the weights read once at the copy
+    bandwidth measured in that run)."""
+    runs = [(path.stem.split("_", 2)[2], results.load(path)) for path in sorted(RESULTS.glob("*_latency-*.json"))]
+    runs = [(name, r) for name, r in runs if __package__ in r["stages"] and not r.get("kv_cache_gib")]
+    engines = list(dict.fromkeys(e for _, r in runs for e in r["stages"]))
+    rows = ["| run | floor | " + " | ".join(f"`{e}`" for e in engines) + " |", "|" + " --- |" * (len(engines) + 2)]
+    for name, r in runs:
+        floor = next(iter(r["stages"].values()))["weight_bytes"] / r["environment"]["copy_bandwidth_gb_per_s"] / 1e6
+        cells = [f"{r['stages'][e]['ms_per_decode_step']:.2f}" if e in r["stages"] else "-" for e in engines]
+        rows.append(f"| {r['date']}, `{name}` | {floor:.2f} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
