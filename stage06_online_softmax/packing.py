@@ -42,9 +42,9 @@ class StepInputs:
         return len(self.tokens)
 
 
-def pack(out: SchedulerOutput, max_model_len: int) -> StepInputs:
+def pack(plan: SchedulerOutput, max_model_len: int) -> StepInputs:
     tokens, positions, seq_slots, logit_rows, logit_seq_slots, counters, chunks = [], [], [], [], [], [], []
-    for c in out.chunks:
+    for c in plan.chunks:
         s, start, n = c.seq, c.start, c.n
         length = s.length
         if start + n > min(length, max_model_len):

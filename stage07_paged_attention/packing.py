@@ -48,11 +48,11 @@ class StepInputs:
         return len(self.tokens)
 
 
-def pack(out: SchedulerOutput, max_model_len: int, block_size: int) -> StepInputs:
+def pack(plan: SchedulerOutput, max_model_len: int, block_size: int) -> StepInputs:
     table_width = blocks_for(max_model_len, block_size)     # the GPU's block tables: entries per seq_slot
     tokens, positions, seq_slots, slots, logit_rows, logit_seq_slots, counters, chunks = [], [], [], [], [], [], [], []
     updates = []
-    for c in out.chunks:
+    for c in plan.chunks:
         s, start, n = c.seq, c.start, c.n
         length, table = s.length, s.block_table
         if start + n > min(length, max_model_len, len(table) * block_size):

@@ -211,19 +211,19 @@ class Scheduler:
         self.waiting.appendleft(victim)
         return victim
 
-    def update(self, out: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
+    def update(self, plan: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
                ) -> list[Sequence]:
         """Record a step: every chunk's K/V are now cached; `sampled` holds one token per chunk of
-        out.sampling, in that order. Returns the sequences that got a token (finished ones included)."""
-        samplers = out.sampling
+        plan.sampling, in that order. Returns the sequences that got a token (finished ones included)."""
+        samplers = plan.sampling
         if len(sampled) != len(samplers):
             raise ValueError(f"{len(sampled)} sampled tokens for {len(samplers)} sampling rows")
-        for c in out.chunks:
+        for c in plan.chunks:
             if not c.seq.finished:             # aborted between schedule() and update(): its rows are dropped
                 c.seq.num_computed += c.n
         advanced = []
         for c, token in zip(samplers, sampled.tolist() if hasattr(sampled, "tolist") else sampled):
-            s = c.seq                          # out.sampling keeps the chunks' order, so advanced does too
+            s = c.seq                          # plan.sampling keeps the chunks' order, so advanced does too
             if s.finished:
                 continue
             s.new.append(token)

@@ -227,33 +227,33 @@ class Scheduler:
         self.waiting.appendleft(victim)
         return victim
 
-    def update(self, out: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
+    def update(self, plan: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
                ) -> list[Sequence]:
         """advance() and record() a step at once (the engine without asynchronous scheduling)."""
-        self.advance(out)
-        return self.record(out, sampled, finish_reason)
+        self.advance(plan)
+        return self.record(plan, sampled, finish_reason)
 
-    def advance(self, out: SchedulerOutput) -> None:
-        """The step is launched: every chunk's K/V count as cached, and each sequence of out.sampling gets its
+    def advance(self, plan: SchedulerOutput) -> None:
+        """The step is launched: every chunk's K/V count as cached, and each sequence of plan.sampling gets its
         placeholder token, -1 - i for the i-th (the id the GPU samples for it, read back by record())."""
-        for c in out.chunks:
+        for c in plan.chunks:
             if not c.seq.finished:             # aborted, or stopped, since schedule(): its rows are dropped
                 c.seq.num_computed += c.n
-        for i, c in enumerate(out.sampling):
+        for i, c in enumerate(plan.sampling):
             if not c.seq.finished:
                 c.seq.new.append(-1 - i)
 
-    def record(self, out: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
+    def record(self, plan: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
                ) -> list[Sequence]:
-        """The advanced step's sampled ids, one per chunk of out.sampling in that order, replace their
+        """The advanced step's sampled ids, one per chunk of plan.sampling in that order, replace their
         placeholders (each its sequence's newest token: the next step is advanced only after this). Returns the
         sequences that got a token (finished ones included)."""
-        samplers = out.sampling
+        samplers = plan.sampling
         if len(sampled) != len(samplers):
             raise ValueError(f"{len(sampled)} sampled tokens for {len(samplers)} sampling rows")
         advanced = []
         for i, (c, token) in enumerate(zip(samplers, sampled.tolist() if hasattr(sampled, "tolist") else sampled)):
-            s = c.seq                          # out.sampling keeps the chunks' order, so advanced does too
+            s = c.seq                          # plan.sampling keeps the chunks' order, so advanced does too
             if s.finished:
                 continue
             if s.new[-1] != -1 - i:

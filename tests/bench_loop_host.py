@@ -35,7 +35,7 @@ def decoding(stage: str):
     for i in range(ROWS):
         sched.add(sequence.Sequence(i, list(range(1, PROMPT + 1)), params, frozenset(), 0, Timing(PROMPT)))
     extra = (BLOCK_SIZE,) if "block_size" in inspect.signature(pack).parameters else ()
-    return sched, (lambda out: pack(out, MAX_MODEL_LEN, *extra))
+    return sched, (lambda plan: pack(plan, MAX_MODEL_LEN, *extra))
 
 
 @pytest.mark.parametrize("stage", LOOPS)
@@ -43,9 +43,9 @@ def test_loop_host_work_of_a_decode_step(benchmark, stage):
     sched, pack = decoding(stage)
 
     def step():
-        out = sched.schedule()
-        x = pack(out)
-        sched.update(out, np.ones(len(out.sampling), np.int32), lambda s: None)
+        plan = sched.schedule()
+        x = pack(plan)
+        sched.update(plan, np.ones(len(plan.sampling), np.int32), lambda s: None)
         return x
 
     x = step()                                   # the prompts, in one step of 25,600 rows

@@ -23,9 +23,9 @@ def by_length(s):
 
 
 def step(sched, token=7, finish=by_length):
-    out = sched.schedule()
-    sched.update(out, [token] * len(out.sampling), finish)
-    return out
+    plan = sched.schedule()
+    sched.update(plan, [token] * len(plan.sampling), finish)
+    return plan
 
 
 def test_budgets_are_checked():
@@ -40,8 +40,8 @@ def test_first_come_first_served_and_the_lowest_free_seq_slot():
     a, b, c = seq("a", 3), seq("b", 3), seq("c", 3)
     for s in (a, b, c):
         sched.add(s)
-    out = sched.schedule()
-    assert [(ch.seq.request_id, ch.start, ch.n) for ch in out.chunks] == [("a", 0, 3), ("b", 0, 3)]
+    plan = sched.schedule()
+    assert [(ch.seq.request_id, ch.start, ch.n) for ch in plan.chunks] == [("a", 0, 3), ("b", 0, 3)]
     assert (a.seq_slot, b.seq_slot, c.status) == (0, 1, SequenceStatus.WAITING)
 
 
@@ -68,8 +68,8 @@ def test_a_finished_sequence_frees_its_seq_slot_for_the_next_step():
     step(sched)                                              # a: prefill + token 1
     step(sched)                                              # a: token 2, finished: seq_slot 0 is free
     assert a.finish_reason == "length" and a.seq_slot is None and b.status is SequenceStatus.WAITING
-    out = sched.schedule()
-    assert [c.seq.request_id for c in out.chunks] == ["b"] and b.seq_slot == 0
+    plan = sched.schedule()
+    assert [c.seq.request_id for c in plan.chunks] == ["b"] and b.seq_slot == 0
 
 
 @pytest.mark.parametrize("when", ["waiting", "prefilling", "decoding"])
@@ -103,9 +103,9 @@ def test_abort_between_schedule_and_update_drops_the_rows():
     a, b = seq("a", 3), seq("b", 3)
     sched.add(a)
     sched.add(b)
-    out = sched.schedule()
+    plan = sched.schedule()
     sched.abort("a")
-    advanced = sched.update(out, [5, 6], by_length)
+    advanced = sched.update(plan, [5, 6], by_length)
     assert advanced == [b] and a.new == [] and b.new == [6]
 
 
@@ -143,14 +143,14 @@ def random_arrivals(seed):
             sched.abort(victim.request_id)
             finished_order.append(victim.request_id)
         before = {s.request_id for s in sched.running}
-        out = sched.schedule()
+        plan = sched.schedule()
         admitted_order += [s.request_id for s in sched.running if s.request_id not in before]
-        assert out.num_rows <= budget and len(sched.running) <= max_seqs
+        assert plan.num_rows <= budget and len(sched.running) <= max_seqs
         slots = [s.seq_slot for s in sched.running]
         assert len(set(slots)) == len(slots) and all(0 <= x < max_seqs for x in slots)
-        assert all(c.n >= 1 and c.start == c.seq.num_computed for c in out.chunks)
-        assert len({id(c.seq) for c in out.chunks}) == len(out.chunks)          # one chunk per sequence
-        for s in sched.update(out, rng.integers(0, 1000, len(out.sampling)).tolist(), finish):
+        assert all(c.n >= 1 and c.start == c.seq.num_computed for c in plan.chunks)
+        assert len({id(c.seq) for c in plan.chunks}) == len(plan.chunks)        # one chunk per sequence
+        for s in sched.update(plan, rng.integers(0, 1000, len(plan.sampling)).tolist(), finish):
             if s.finished:
                 finished_order.append(s.request_id)
         t += 1

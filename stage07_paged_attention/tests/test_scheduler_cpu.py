@@ -29,9 +29,9 @@ def by_length(s):
 
 
 def step(sched, token=7, finish=by_length):
-    out = sched.schedule()
-    sched.update(out, [token] * len(out.sampling), finish)
-    return out
+    plan = sched.schedule()
+    sched.update(plan, [token] * len(plan.sampling), finish)
+    return plan
 
 
 def test_budgets_are_checked():
@@ -46,8 +46,8 @@ def test_first_come_first_served_and_the_lowest_free_seq_slot():
     a, b, c = seq("a", 3), seq("b", 3), seq("c", 3)
     for s in (a, b, c):
         sched.add(s)
-    out = sched.schedule()
-    assert [(ch.seq.request_id, ch.start, ch.n) for ch in out.chunks] == [("a", 0, 3), ("b", 0, 3)]
+    plan = sched.schedule()
+    assert [(ch.seq.request_id, ch.start, ch.n) for ch in plan.chunks] == [("a", 0, 3), ("b", 0, 3)]
     assert (a.seq_slot, b.seq_slot, c.status) == (0, 1, SequenceStatus.WAITING)
 
 
@@ -74,8 +74,8 @@ def test_a_finished_sequence_frees_its_seq_slot_for_the_next_step():
     step(sched)                                              # a: prefill + token 1
     step(sched)                                              # a: token 2, finished: seq_slot 0 is free
     assert a.finish_reason == "length" and a.seq_slot is None and b.status is SequenceStatus.WAITING
-    out = sched.schedule()
-    assert [c.seq.request_id for c in out.chunks] == ["b"] and b.seq_slot == 0
+    plan = sched.schedule()
+    assert [c.seq.request_id for c in plan.chunks] == ["b"] and b.seq_slot == 0
 
 
 @pytest.mark.parametrize("when", ["waiting", "prefilling", "decoding"])
@@ -109,9 +109,9 @@ def test_abort_between_schedule_and_update_drops_the_rows():
     a, b = seq("a", 3), seq("b", 3)
     sched.add(a)
     sched.add(b)
-    out = sched.schedule()
+    plan = sched.schedule()
     sched.abort("a")
-    advanced = sched.update(out, [5, 6], by_length)
+    advanced = sched.update(plan, [5, 6], by_length)
     assert advanced == [b] and a.new == [] and b.new == [6]
 
 
@@ -120,17 +120,17 @@ def test_admission_by_blocks_and_the_newest_preempted_when_a_decode_row_needs_on
     a, b, c = seq("a", 8, max_tokens=3), seq("b", 12), seq("c", 1)    # 2, 3 and 1 blocks
     for s in (a, b, c):
         sched.add(s)
-    out = sched.schedule()                                  # c waits: its one block is not free
-    assert [ch.seq.request_id for ch in out.chunks] == ["a", "b"] and sched.blocks.num_free == 0
+    plan = sched.schedule()                                 # c waits: its one block is not free
+    assert [ch.seq.request_id for ch in plan.chunks] == ["a", "b"] and sched.blocks.num_free == 0
     assert a.block_table == [0, 1] and b.block_table == [2, 3, 4] and list(sched.waiting) == [c]
-    sched.update(out, [7, 7], by_length)
-    out = sched.schedule()                                  # a decodes position 8, in a new block: b goes back
+    sched.update(plan, [7, 7], by_length)
+    plan = sched.schedule()                                 # a decodes position 8, in a new block: b goes back
     assert sched.stats.preemptions == 1 and b.status is SequenceStatus.WAITING and b.block_table == []
-    assert [(ch.seq.request_id, ch.start, ch.n) for ch in out.chunks] == [("a", 8, 1)]    # no admission this step
+    assert [(ch.seq.request_id, ch.start, ch.n) for ch in plan.chunks] == [("a", 8, 1)]   # no admission this step
     assert a.block_table == [0, 1, 2] and list(sched.waiting) == [b, c]                    # b first, then c
-    sched.update(out, [7], by_length)
-    out = sched.schedule()                                  # b's 13 tokens want 4 blocks, 2 are free: b waits, c too
-    assert [(ch.seq.request_id, ch.start, ch.n) for ch in out.chunks] == [("a", 9, 1)]
+    sched.update(plan, [7], by_length)
+    plan = sched.schedule()                                 # b's 13 tokens want 4 blocks, 2 are free: b waits, c too
+    assert [(ch.seq.request_id, ch.start, ch.n) for ch in plan.chunks] == [("a", 9, 1)]
 
 
 def test_a_decode_row_grows_its_table_at_block_boundaries_only():
@@ -152,17 +152,17 @@ def test_a_preempted_sequence_prefills_its_prompt_and_tokens_again_and_goes_on()
     sched.add(young)
     step(sched)                                             # old: 2 blocks, young: 2 blocks; pool full
     step(sched)                                             # positions 6 and 5: inside their last blocks
-    out = step(sched)                                       # old decodes position 7, young position 6: still fit
+    plan = step(sched)                                      # old decodes position 7, young position 6: still fit
     assert sched.stats.preemptions == 0
-    out = step(sched)                                       # old needs a block for position 8: young goes back
+    plan = step(sched)                                      # old needs a block for position 8: young goes back
     assert sched.stats.preemptions == 1 and young.num_preemptions == 1
     assert young.status is SequenceStatus.WAITING and young.num_computed == 0 and len(young.new) == 3
-    assert [(c.seq.request_id, c.start) for c in out.chunks] == [("old", 8)]
+    assert [(c.seq.request_id, c.start) for c in plan.chunks] == [("old", 8)]
     while not old.finished:                                 # old's 13 positions take the whole pool
         step(sched)
         assert young.status is SequenceStatus.WAITING
     while not young.finished:
-        out = step(sched)
+        plan = step(sched)
     assert len(young.new) == 8 and young.num_computed == young.length - 1
     assert sched.blocks.num_free == 4 and sched._free == [0, 1]
 
@@ -173,8 +173,8 @@ def test_the_oldest_preempts_itself_rather_than_an_older_one_and_no_block_leaks(
     sched.add(a)
     sched.add(b)
     step(sched)                                             # a: block 0, b: block 1
-    out = sched.schedule()                                  # a takes block 2 for position 2; b must too: it yields
-    assert [c.seq.request_id for c in out.chunks] == ["a"] and b.status is SequenceStatus.WAITING
+    plan = sched.schedule()                                 # a takes block 2 for position 2; b must too: it yields
+    assert [c.seq.request_id for c in plan.chunks] == ["a"] and b.status is SequenceStatus.WAITING
     assert sched.blocks.num_free == 1
 
 
@@ -221,23 +221,23 @@ def random_workload(seed) -> int:
             victim = sched.running[int(rng.integers(len(sched.running)))]
             sched.abort(victim.request_id)
             finished_order.append(victim.request_id)
-        out = sched.schedule()
+        plan = sched.schedule()
         for s in sched.running:
             if s.request_id not in admitted:
                 admitted.add(s.request_id)
                 first_admissions.append(s.request_id)
-        assert out.num_rows <= budget and len(sched.running) <= max_seqs
+        assert plan.num_rows <= budget and len(sched.running) <= max_seqs
         slots = [s.seq_slot for s in sched.running]
         assert len(set(slots)) == len(slots) and all(0 <= x < max_seqs for x in slots)
         held = [b for s in sched.running for b in s.block_table]
         assert len(set(held)) == len(held) == num_blocks - pool.num_free                # no double use, no leak
         assert all(not s.block_table for s in sched.waiting)
         assert all(c.n >= 1 and c.start == c.seq.num_computed and c.start + c.n <= len(c.seq.block_table) * bs
-                   for c in out.chunks)
-        assert len({id(c.seq) for c in out.chunks}) == len(out.chunks)          # one chunk per sequence
+                   for c in plan.chunks)
+        assert len({id(c.seq) for c in plan.chunks}) == len(plan.chunks)        # one chunk per sequence
         if sched.running:
-            assert out.chunks, "a step with running sequences planned nothing"
-        for s in sched.update(out, [token(c.seq) for c in out.sampling], finish):
+            assert plan.chunks, "a step with running sequences planned nothing"
+        for s in sched.update(plan, [token(c.seq) for c in plan.sampling], finish):
             if s.finished:
                 finished_order.append(s.request_id)
         t += 1
@@ -263,8 +263,8 @@ def test_tiny_pools_do_preempt():
         for s in reqs:
             sched.add(s)
         while sched.has_unfinished():
-            out = sched.schedule()
-            sched.update(out, [1] * len(out.sampling), by_length)
+            plan = sched.schedule()
+            sched.update(plan, [1] * len(plan.sampling), by_length)
         assert all(len(s.new) == 20 for s in reqs) and sched.blocks.num_free == 12
         return sched.stats.preemptions
 

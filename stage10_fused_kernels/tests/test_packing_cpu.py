@@ -30,8 +30,8 @@ def test_decode_rows_and_prefill_chunks_pack_without_padding_through_their_block
     long.seq_slot, long.block_table = 0, [5, 0]
     tail = seq("t", [7, 8, 9])                                  # a 3-token prompt, its last 2 tokens
     tail.seq_slot, tail.num_computed, tail.block_table, tail.blocks_synced = 5, 1, [7], 1
-    out = SchedulerOutput([ScheduledChunk(decoding, 4, 1), ScheduledChunk(long, 0, 6), ScheduledChunk(tail, 1, 2)])
-    x = pack(out, L, BS)
+    plan = SchedulerOutput([ScheduledChunk(decoding, 4, 1), ScheduledChunk(long, 0, 6), ScheduledChunk(tail, 1, 2)])
+    x = pack(plan, L, BS)
     assert x.tokens.tolist() == [15, 100, 101, 102, 103, 104, 105, 8, 9]
     assert x.positions.tolist() == [4, 0, 1, 2, 3, 4, 5, 1, 2]
     assert x.seq_slots.tolist() == [2, 0, 0, 0, 0, 0, 0, 5, 5]
