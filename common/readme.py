@@ -17,7 +17,6 @@ from pathlib import Path
 
 from common import blocks, results
 from common.report import table as cross_stage
-from common.workloads import BATCH_SIZES
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -54,22 +53,6 @@ def pytest_bench(suffix: str) -> list[tuple[str, str, dict]]:
         out.append((r["datetime"][:10], path.name.split("_")[0].replace("-", " "),
                     {b["name"]: b for b in r["benchmarks"]}))
     return out
-
-
-def latency_results() -> str:
-    """Every committed harness result of the `latency` workload (at each engine's own KV cache size)."""
-    rows = ["| date | GPU | engine | ms per decode step | time to first token | output tok/s | bandwidth use |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
-    for path in sorted(RESULTS.glob("*_latency-*.json")):
-        r = results.load(path)
-        if r.get("kv_cache_gib"):           # a same-budget run (--kv-cache-gib) is not this table's
-            continue
-        for stage, s in r["stages"].items():
-            rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{stage}` | {s['ms_per_decode_step']:.2f} | "
-                        f"{s['ttft_ms']:.2f} ms | {s['output_tok_per_s']:.1f} | "
-                        f"{100 * s.get('bandwidth_utilisation', float('nan')):.1f}% of "
-                        f"{r['environment']['copy_bandwidth_gb_per_s']:.0f} GB/s |")
-    return "\n".join(rows)
 
 
 def _harness(workload: str, kv_budget: bool = False) -> list[dict]:
@@ -116,47 +99,6 @@ def split_table(suffix: str, param: str, label: str) -> str:
     return "\n".join(lines)
 
 
-def batch_results() -> str:
-    """`batch`: output tok/s at each B for the first and last engine of each committed run, and their ratio. Runs
-    compare different pairs, so every row names its own."""
-    rows = ["| date | GPU | B | first engine | tok/s | last engine | tok/s | ratio |", "|" + " --- |" * 8]
-    for r in _harness("batch"):
-        (a, sa), (b, sb) = list(r["stages"].items())[0], list(r["stages"].items())[-1]
-        for n in BATCH_SIZES:
-            key = f"output_tok_per_s_at_B{n}"
-            if key not in sa or key not in sb:
-                continue                             # a run from before B = 128 and 256
-            x, y = sa[key], sb[key]
-            rows.append(f"| {r['date']} | {r['environment']['gpu']} | {n} | `{a}` | {x:,.0f} | `{b}` | {y:,.0f} | "
-                        f"{y / x:.2f}x |")
-    return "\n".join(rows)
-
-
-def ragged_results() -> str:
-    """`ragged` (256 requests, prompts and outputs of 100..1024 tokens): throughput, the waste counters and the
-    loop's time split (engines that keep them), and the spread of the throughput over the runs."""
-    def pct(x):
-        return "-" if x is None else f"{100 * x:.{2 if 0 < x < 0.01 else 1}f}%"
-
-    rows = ["| date | GPU | engine | output tok/s (min-max) | runs | batches | slot waste | padding share | "
-            "ms per decode step (median; p99) | median time to first token (of it, queued) | "
-            "loop time in steps with prompt rows; the host's |", "|" + " --- |" * 11]
-    for r in _harness("ragged"):
-        for name, s in r["stages"].items():
-            if "output_tok_per_s" not in s:
-                continue
-            lo, hi = s.get("spread", {}).get("output_tok_per_s", [s["output_tok_per_s"]] * 2)
-            rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{name}` | {s['output_tok_per_s']:,.0f} "
-                        f"({lo:,.0f}-{hi:,.0f}) | {s.get('repeats', 1)} | {s.get('batches', '-')} | "
-                        f"{pct(s.get('slot_waste'))} | {pct(s.get('padding_share'))} | "
-                        f"{s['ms_per_decode_step']:.2f}" + (f"; {s['itl_p99_ms']:.1f}" if "itl_p99_ms" in s else "")
-                        + f" | {s['ttft_ms'] / 1e3:.1f} s"
-                        + (f" ({s['queue_ms'] / 1e3:.1f} s)" if "queue_ms" in s else "")
-                        + (f" | {pct(s['prefill_time_share'])}; {pct(s['host_time_share'])} |"
-                           if "prefill_time_share" in s else " | - |"))
-    return "\n".join(rows)
-
-
 def ragged_budget_results() -> str:
     """`ragged` with every engine given the same KV cache memory (common.bench --kv-cache-gib): throughput and the
     sequences running at once, each against the run's first engine, and the preemptions it took."""
@@ -174,25 +116,6 @@ def ragged_budget_results() -> str:
                         f"{'' if most is None else f'; {most:.0f}'} | "
                         f"{s['mean_running'] / first['mean_running']:.2f}x | {s.get('preemptions', '-')} | "
                         f"{s['ms_per_decode_step']:.2f} | {s['ttft_ms'] / 1e3:.2f} s |")
-    return "\n".join(rows)
-
-
-def long_results() -> str:
-    """`long` (one prompt each of 2048, 8192, 32768 tokens, then 64 new): prefill tok/s (min-max), the memory the
-    engine holds beyond its weights, and the decode step after the prompt, at each length a run measured."""
-    rows = ["| date | GPU | engine | prompt tokens | prefill tok/s (min-max) | GB beyond the weights | "
-            "ms per decode step after it |", "|" + " --- |" * 7]
-    for r in _harness("long"):
-        for name, s in r["stages"].items():
-            for n in (2048, 8192, 32768):
-                if f"prefill_tok_per_s_at_{n}" not in s:
-                    continue
-                lo, hi = s.get("spread", {}).get(f"prefill_tok_per_s_at_{n}", [s[f"prefill_tok_per_s_at_{n}"]] * 2)
-                gb = s.get(f"memory_beyond_weights_gb_at_{n}")
-                step = s.get(f"ms_per_decode_step_at_{n}")
-                rows.append(f"| {r['date']} | {r['environment']['gpu']} | `{name}` | {n:,} | "
-                            f"{s[f'prefill_tok_per_s_at_{n}']:,.0f} ({lo:,.0f}-{hi:,.0f}) | "
-                            f"{'-' if gb is None else f'{gb:.2f}'} | {'-' if step is None else f'{step:.2f}'} |")
     return "\n".join(rows)
 
 
@@ -224,9 +147,8 @@ def serving_results() -> str:
 
 
 GENERATORS = {"stage-ladder": stage_ladder, "cross-stage": cross_stage, "presets": presets,
-              "latency-results": latency_results, "growth-results": growth_results, "batch-results": batch_results,
-              "ragged-results": ragged_results, "ragged-budget-results": ragged_budget_results,
-              "serving-results": serving_results, "long-results": long_results}
+              "growth-results": growth_results, "ragged-budget-results": ragged_budget_results,
+              "serving-results": serving_results}
 # (the generators above are data-driven: they read results, and name no stage)
 
 

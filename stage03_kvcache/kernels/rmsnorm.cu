@@ -6,8 +6,9 @@
 //   x, d, y (T, H) bf16, w (H,) bf16; the sum of squares and the scaling in fp32.
 //
 // Why fused: every sublayer ends with x += sublayer(x) and the next begins with norm(x). Apart, the add reads
-// x and d and writes x, then the norm reads x again and writes y: 5 row passes and two launches. Fused, the sum
-// lands in registers on its way to memory: 4 passes, one launch. (The final model.norm is the same kernel.)
+// x and d and writes x, then the norm reads x again and writes y: 5 row passes and two launches. Fused, each
+// thread reads back only the sums it wrote itself, which usually come from cache rather than HBM: 4 passes, one
+// launch. (The final model.norm is the same kernel.)
 //
 // Launch: grid T (a block owns a row), block 256. Each thread takes every 256th element; the mean of squares is a
 // block reduction (block_reduce.cuh). A thread reads back only elements it wrote itself, so no barrier is needed
