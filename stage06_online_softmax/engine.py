@@ -127,8 +127,8 @@ class Engine:
         for first in range(0, len(ids), chunk):
             pos = np.arange(first, min(first + chunk, len(ids)), dtype=np.int32)
             zeros = np.zeros(len(pos), np.int32)
-            chunks = np.array([[0, len(pos), 0, first]], np.int32)             # one chunk, seq_slot 0
-            step = StepInputs(ids[pos], pos, pos.copy(), zeros, pos - first, zeros, zeros, chunks)
+            spans = np.array([[0, len(pos), 0, first]], np.int32)              # one chunk, seq_slot 0
+            step = StepInputs(ids[pos], pos, pos.copy(), zeros, pos - first, zeros, zeros, spans)
             self.model.forward(step, self.model.row_view(out, first, len(pos)))
         return self.gpu.to_host(out)
 

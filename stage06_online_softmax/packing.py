@@ -12,7 +12,7 @@ carries everything the kernels need to treat it alone, because neighbouring rows
                        sequence's newest token (a decode row, or a prompt's last chunk)
     logit_seq_slots (n,) their seq_slots: the sampler reads that sequence's parameters there
     counters      (n,) tokens generated so far by each of those sequences (the sampler's draw index)
-    chunks        (c, 4) each chunk's first row, rows, seq_slot and first position: attention's plan
+    spans         (c, 4) each chunk's first row, rows, seq_slot and first position: attention's plan
                        (plan_attention) takes prompt chunks a tile of rows at a time, and the rest row by row
 
 Plain numpy: tested on the CPU (tests/test_packing_cpu.py).
@@ -35,7 +35,7 @@ class StepInputs:
     logit_rows: np.ndarray
     logit_seq_slots: np.ndarray
     counters: np.ndarray
-    chunks: np.ndarray
+    spans: np.ndarray
 
     @property
     def num_rows(self) -> int:
@@ -43,14 +43,14 @@ class StepInputs:
 
 
 def pack(plan: SchedulerOutput, max_model_len: int) -> StepInputs:
-    tokens, positions, seq_slots, logit_rows, logit_seq_slots, counters, chunks = [], [], [], [], [], [], []
+    tokens, positions, seq_slots, logit_rows, logit_seq_slots, counters, spans = [], [], [], [], [], [], []
     for c in plan.chunks:
         s, start, n = c.seq, c.start, c.n
         length = s.length
         if start + n > min(length, max_model_len):
             raise IndexError(f"request {s.request_id!r}: rows {start}..{start + n - 1} past its "
                              f"{length} tokens or max_model_len={max_model_len}")
-        chunks += (len(tokens), n, s.seq_slot, start)
+        spans += (len(tokens), n, s.seq_slot, start)
         if n == 1:                      # a decode row, most rows of most steps: no per-row lists built
             tokens.append(s.new[-1] if start == length - 1 and s.new else s.tokens(start, 1)[0])
             positions.append(start)
@@ -66,25 +66,25 @@ def pack(plan: SchedulerOutput, max_model_len: int) -> StepInputs:
     positions_a, seq_slots_a = np.array(positions, np.int32), np.array(seq_slots, np.int32)
     return StepInputs(np.array(tokens, np.int32), positions_a, seq_slots_a * max_model_len + positions_a,
                       seq_slots_a, np.array(logit_rows, np.int32), np.array(logit_seq_slots, np.int32),
-                      np.array(counters, np.int32), np.array(chunks, np.int32).reshape(-1, 4))
+                      np.array(counters, np.int32), np.array(spans, np.int32).reshape(-1, 4))
 
 
-def plan_attention(chunks: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def plan_attention(spans: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Attention's work as tiles (first row, rows, seq_slot, first position) i32: (prompt tiles (n, 4), decode
     tiles (m, 4)). A chunk of several rows (a prompt, or a chunk of one) is cut into tiles of at most tile_rows
     consecutive rows; a chunk of one row (a decode row) is a tile of its own, listed apart because its keys are
     split over blocks (flash-decoding) where a prompt tile's are not. tile_rows = 0 (no tensor-core kernel for the
     model's head_dim): every row is a one-row decode tile."""
     if tile_rows == 0:
-        rows = np.arange(chunks[:, 1].sum())
-        which = np.repeat(np.arange(len(chunks)), chunks[:, 1])
-        k = rows - chunks[which, 0]
-        single = np.stack([rows, np.ones_like(rows), chunks[which, 2], chunks[which, 3] + k], 1)
+        rows = np.arange(spans[:, 1].sum())
+        which = np.repeat(np.arange(len(spans)), spans[:, 1])
+        k = rows - spans[which, 0]
+        single = np.stack([rows, np.ones_like(rows), spans[which, 2], spans[which, 3] + k], 1)
         return np.zeros((0, 4), np.int32), single.astype(np.int32).reshape(-1, 4)
-    several = chunks[chunks[:, 1] > 1]
+    several = spans[spans[:, 1] > 1]
     counts = -(-several[:, 1] // tile_rows)                         # tiles per chunk
     which = np.repeat(np.arange(len(several)), counts)              # each tile's chunk
     k = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)   # its index within the chunk
     c, offset = several[which], k * tile_rows
     tiles = np.stack([c[:, 0] + offset, np.minimum(tile_rows, c[:, 1] - offset), c[:, 2], c[:, 3] + offset], 1)
-    return tiles.astype(np.int32).reshape(-1, 4), chunks[chunks[:, 1] == 1].astype(np.int32).reshape(-1, 4)
+    return tiles.astype(np.int32).reshape(-1, 4), spans[spans[:, 1] == 1].astype(np.int32).reshape(-1, 4)

@@ -140,7 +140,7 @@ class Model:
             if len(slots) and (slots.min() < 0 or slots.max() >= self.max_num_seqs):   # the kernels cannot
                 raise ValueError(f"{name} {slots.min()}..{slots.max()} outside the {self.max_num_seqs} the "
                                  "engine holds")
-        prompt, decode = plan_attention(step.chunks, self.tile_rows)
+        prompt, decode = plan_attention(step.spans, self.tile_rows)
         split = (decode_split(len(decode), int(decode[:, 3].max()) + 1, self.config.num_key_value_heads,
                               self.kernels.sms, self.partial_rows) if len(decode) else None)
         updates = step.table_updates

@@ -63,7 +63,7 @@ def decode_layout(size: int) -> dict[str, tuple[int, int]]:
 def is_decode_step(step: StepInputs) -> bool:
     """True when every row is a decode row, a chunk of one row whose logits choose a token."""
     R = step.num_rows
-    return R > 0 and len(step.chunks) == R and len(step.logit_rows) == R
+    return R > 0 and len(step.spans) == R and len(step.logit_rows) == R
 
 
 def pack_decode(step: StepInputs, size: int, keys_per_split: int) -> np.ndarray:
@@ -72,7 +72,7 @@ def pack_decode(step: StepInputs, size: int, keys_per_split: int) -> np.ndarray:
     row, seq_slot 0, counter 0, and a one-row tile of seq_slot 0 at position 0."""
     R, rows = step.num_rows, np.arange(size, dtype=np.int32)
     pad_tiles = np.stack([rows, np.ones_like(rows), np.zeros_like(rows), np.zeros_like(rows)], 1)
-    pad_tiles[:R] = step.chunks                       # a decode row's chunk is its tile: row, 1, seq_slot, position
+    pad_tiles[:R] = step.spans                        # a decode row's span is its tile: row, 1, seq_slot, position
     real = {"tokens": step.tokens, "positions": step.positions, "slot_mapping": step.slot_mapping,
             "logit_rows": None, "logit_seq_slots": step.logit_seq_slots, "counters": step.counters}
     parts = []

@@ -182,7 +182,7 @@ class Model:
         self.check_step(step, logits)
         self.upload_params()
         R, n = step.num_rows, len(step.logit_rows)
-        prompt, decode = plan_attention(step.chunks, self.tile_rows)
+        prompt, decode = plan_attention(step.spans, self.tile_rows)
         n_splits, per_split = (decode_split(len(decode), int(decode[:, 3].max()) + 1, self.config.num_key_value_heads,
                                             self.kernels.sms, self.partial_rows) if len(decode) else (1, 0))
         updates, prev = step.table_updates, step.prev_rows

@@ -13,7 +13,7 @@ carries everything the kernels need to treat it alone, because neighbouring rows
                        sequence's newest token (a decode row, or a prompt's last chunk)
     logit_seq_slots (n,) their seq_slots: the sampler reads that sequence's parameters there
     counters      (n,) tokens generated so far by each of those sequences (the sampler's draw index)
-    chunks        (c, 4) each chunk's first row, rows, seq_slot and first position: attention's plan
+    spans         (c, 4) each chunk's first row, rows, seq_slot and first position: attention's plan
                        (plan_attention) takes prompt chunks a tile of rows at a time, and the rest row by row
     table_updates (u, 2) the block-table entries the GPU lacks: (seq_slot * table_width + i, block) for every
                        block a sequence of the step got since its entries were last sent (seq.blocks_synced),
@@ -44,7 +44,7 @@ class StepInputs:
     logit_rows: np.ndarray
     logit_seq_slots: np.ndarray
     counters: np.ndarray
-    chunks: np.ndarray
+    spans: np.ndarray
     table_updates: np.ndarray
     prev_rows: np.ndarray | None = None
 
@@ -55,7 +55,7 @@ class StepInputs:
 
 def pack(plan: SchedulerOutput, max_model_len: int, block_size: int) -> StepInputs:
     table_width = blocks_for(max_model_len, block_size)     # the GPU's block tables: entries per seq_slot
-    tokens, positions, seq_slots, slots, logit_rows, logit_seq_slots, counters, chunks = [], [], [], [], [], [], [], []
+    tokens, positions, seq_slots, slots, logit_rows, logit_seq_slots, counters, spans = [], [], [], [], [], [], [], []
     updates = []
     for c in plan.chunks:
         s, start, n = c.seq, c.start, c.n
@@ -67,7 +67,7 @@ def pack(plan: SchedulerOutput, max_model_len: int, block_size: int) -> StepInpu
             base = s.seq_slot * table_width  # a (re)admission to this seq_slot
             updates += [x for i in range(s.blocks_synced, len(table)) for x in (base + i, table[i])]
             s.blocks_synced = len(table)
-        chunks += (len(tokens), n, s.seq_slot, start)
+        spans += (len(tokens), n, s.seq_slot, start)
         if n == 1:                      # a decode row, most rows of most steps: no per-row lists built
             tokens.append(s.new[-1] if start == length - 1 and s.new else s.tokens(start, 1)[0])
             positions.append(start)
@@ -92,26 +92,26 @@ def pack(plan: SchedulerOutput, max_model_len: int, block_size: int) -> StepInpu
     return StepInputs(tokens, np.array(positions, np.int32), np.array(slots, np.int32),
                       np.array(seq_slots, np.int32), np.array(logit_rows, np.int32),
                       np.array(logit_seq_slots, np.int32), np.array(counters, np.int32),
-                      np.array(chunks, np.int32).reshape(-1, 4), np.array(updates, np.int32).reshape(-1, 2),
+                      np.array(spans, np.int32).reshape(-1, 4), np.array(updates, np.int32).reshape(-1, 2),
                       prev_rows)
 
 
-def plan_attention(chunks: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:
+def plan_attention(spans: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Attention's work as tiles (first row, rows, seq_slot, first position) i32: (prompt tiles (n, 4), decode
     tiles (m, 4)). A chunk of several rows (a prompt, or a chunk of one) is cut into tiles of at most tile_rows
     consecutive rows; a chunk of one row (a decode row) is a tile of its own, listed apart because its keys are
     split over blocks (flash-decoding) where a prompt tile's are not. tile_rows = 0 (no tensor-core kernel for the
     model's head_dim): every row is a one-row decode tile."""
     if tile_rows == 0:
-        rows = np.arange(chunks[:, 1].sum())
-        which = np.repeat(np.arange(len(chunks)), chunks[:, 1])
-        k = rows - chunks[which, 0]
-        single = np.stack([rows, np.ones_like(rows), chunks[which, 2], chunks[which, 3] + k], 1)
+        rows = np.arange(spans[:, 1].sum())
+        which = np.repeat(np.arange(len(spans)), spans[:, 1])
+        k = rows - spans[which, 0]
+        single = np.stack([rows, np.ones_like(rows), spans[which, 2], spans[which, 3] + k], 1)
         return np.zeros((0, 4), np.int32), single.astype(np.int32).reshape(-1, 4)
-    several = chunks[chunks[:, 1] > 1]
+    several = spans[spans[:, 1] > 1]
     counts = -(-several[:, 1] // tile_rows)                         # tiles per chunk
     which = np.repeat(np.arange(len(several)), counts)              # each tile's chunk
     k = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)   # its index within the chunk
     c, offset = several[which], k * tile_rows
     tiles = np.stack([c[:, 0] + offset, np.minimum(tile_rows, c[:, 1] - offset), c[:, 2], c[:, 3] + offset], 1)
-    return tiles.astype(np.int32).reshape(-1, 4), chunks[chunks[:, 1] == 1].astype(np.int32).reshape(-1, 4)
+    return tiles.astype(np.int32).reshape(-1, 4), spans[spans[:, 1] == 1].astype(np.int32).reshape(-1, 4)

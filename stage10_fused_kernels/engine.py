@@ -166,9 +166,9 @@ class Engine:
             for first in range(0, len(ids), chunk):
                 pos = np.arange(first, min(first + chunk, len(ids)), dtype=np.int32)
                 zeros = np.zeros(len(pos), np.int32)
-                chunks = np.array([[0, len(pos), 0, first]], np.int32)             # one chunk, seq_slot 0
+                spans = np.array([[0, len(pos), 0, first]], np.int32)              # one chunk, seq_slot 0
                 step = StepInputs(ids[pos], pos, table[pos // self.block_size] * self.block_size
-                                  + pos % self.block_size, zeros, pos - first, zeros, zeros, chunks,
+                                  + pos % self.block_size, zeros, pos - first, zeros, zeros, spans,
                                   _table_entries(table) if first == 0 else np.zeros((0, 2), np.int32))
                 self.model.forward(step, self.model.row_view(out, first, len(pos)))
         return self.gpu.to_host(out)

@@ -117,8 +117,8 @@ def attention_reference(q, k, v, positions):
     return out.reshape(R, nh * hd)
 
 
-def attend(kernels, qkv, pool, out, chunks, nh, nkv, hd, tile_rows=None, split=None):
-    """Launch attention as the model does: plan_attention() cuts the chunks (first row, rows, seq_slot, first
+def attend(kernels, qkv, pool, out, spans, nh, nkv, hd, tile_rows=None, split=None):
+    """Launch attention as the model does: plan_attention() cuts the spans (first row, rows, seq_slot, first
     position) into prompt tiles and decode tiles; decode_split() (or `split`, (n_splits, keys_per_split)) splits
     the decode tiles' keys. Returns (prompt tiles, decode tiles, split) for the caller to check what ran."""
     from ..kernels import decode_split
@@ -127,7 +127,7 @@ def attend(kernels, qkv, pool, out, chunks, nh, nkv, hd, tile_rows=None, split=N
 
     gpu = kernels.gpu
     tile_rows = rows_a_tile(nh, nkv, hd) if tile_rows is None else tile_rows
-    prompt, decode = plan_attention(np.asarray(chunks, np.int32).reshape(-1, 4), tile_rows)
+    prompt, decode = plan_attention(np.asarray(spans, np.int32).reshape(-1, 4), tile_rows)
     if len(prompt):
         kernels.attention(qkv, pool.k, pool.v, out, gpu.empty((1,), "f32"), gpu.to_device(prompt), pool.tables,
                           nh, nkv, hd)
@@ -192,7 +192,7 @@ def run_attention(kernels, rng, lengths, new, nh, nkv, hd, max_len, first_seq=0,
     positions = np.concatenate([np.arange(n - m, n) for n, m in zip(lengths, new)]).astype(np.int32)
     seq_slots = np.concatenate([[first_seq + i] * m for i, m in enumerate(new)]).astype(np.int32)
     starts = np.cumsum([0] + list(new))
-    chunks = [(starts[i], m, first_seq + i, n - m) for i, (n, m) in enumerate(zip(lengths, new))]
+    spans = [(starts[i], m, first_seq + i, n - m) for i, (n, m) in enumerate(zip(lengths, new))]
     R = len(positions)
     qkv, qkvf = bf16(gpu, rng.normal(0, scale, (R, (nh + 2 * nkv) * hd)))
     cached = [0] * first_seq + [n - m for n, m in zip(lengths, new)] + [0]    # before this step's rows
@@ -201,7 +201,7 @@ def run_attention(kernels, rng, lengths, new, nh, nkv, hd, max_len, first_seq=0,
     pool = PagedPool(gpu, rng, kf, vf, cached, held, block_size)
     pool.write(kernels, qkv, qkvf, seq_slots, positions, nh, nkv, hd)
     out = poisoned(gpu, (R, nh * hd))
-    ran = attend(kernels, qkv, pool, out, chunks, nh, nkv, hd, tile_rows, split)
+    ran = attend(kernels, qkv, pool, out, spans, nh, nkv, hd, tile_rows, split)
     got = read(gpu, out)
     assert not np.isnan(got).any(), "an output element was never written, or a key was read through a wrong entry"
     q = qkvf[:, :nh * hd].reshape(R, nh, hd)
@@ -319,7 +319,7 @@ def test_packed_rows_of_many_sequences_in_one_step(kernels, rng, block_size, hd)
     seq_slots = np.concatenate([[b] * len(ps) for b, ps in chunks]).astype(np.int32)
     positions = np.concatenate([ps for _, ps in chunks]).astype(np.int32)
     firsts = np.cumsum([0] + [len(ps) for _, ps in chunks])
-    plan = [(firsts[i], len(ps), b, ps[0]) for i, (b, ps) in enumerate(chunks)]
+    spans = [(firsts[i], len(ps), b, ps[0]) for i, (b, ps) in enumerate(chunks)]
     R, B = len(positions), 7
     qkv, qkvf = bf16(gpu, rng.normal(0, 1.5, (R, (nh + 2 * nkv) * hd)))
     cached, held = [0] * B, [0] * B
@@ -329,7 +329,7 @@ def test_packed_rows_of_many_sequences_in_one_step(kernels, rng, block_size, hd)
     pool = PagedPool(gpu, rng, kf, vf, cached, held, block_size)
     pool.write(kernels, qkv, qkvf, seq_slots, positions, nh, nkv, hd)
     out = poisoned(gpu, (R, nh * hd))
-    prompt, decode, _ = attend(kernels, qkv, pool, out, plan, nh, nkv, hd)
+    prompt, decode, _ = attend(kernels, qkv, pool, out, spans, nh, nkv, hd)
     if hd != 80:
         assert len(prompt) > 2 and decode[:, 0].tolist() == [0, 18, 19, R - 1]
     got, q = read(gpu, out), qkvf[:, :nh * hd].reshape(R, nh, hd)

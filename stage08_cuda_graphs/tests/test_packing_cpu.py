@@ -40,7 +40,7 @@ def test_decode_rows_and_prefill_chunks_pack_without_padding_through_their_block
     assert x.logit_rows.tolist() == [0, 8]                      # the middle chunk samples nothing yet
     assert x.logit_seq_slots.tolist() == [2, 5] and x.counters.tolist() == [2, 0]
     assert x.num_rows == 9
-    assert x.chunks.tolist() == [[0, 1, 2, 4], [1, 6, 0, 0], [7, 2, 5, 1]]   # first row, rows, seq_slot, position
+    assert x.spans.tolist() == [[0, 1, 2, 4], [1, 6, 0, 0], [7, 2, 5, 1]]    # first row, rows, seq_slot, position
     # (seq_slot * 25 + entry, block) for the entries not yet on the GPU; none for tail, whose one block was sent
     assert x.table_updates.tolist() == [[2 * 25 + 1, 3], [0, 5], [1, 0]]
     assert (decoding.blocks_synced, long.blocks_synced, tail.blocks_synced) == (2, 2, 1)
@@ -71,16 +71,16 @@ def test_what_the_scheduler_plans_packs_to_its_budget():
 
 
 def test_attention_plan_tiles_prompt_chunks_and_gives_decode_rows_tiles_of_one():
-    chunks = np.array([[0, 1, 2, 4], [1, 40, 0, 0], [41, 2, 5, 1], [43, 1, 7, 90], [44, 16, 3, 16]], np.int32)
-    prompt, decode = plan_attention(chunks, 16)
+    spans = np.array([[0, 1, 2, 4], [1, 40, 0, 0], [41, 2, 5, 1], [43, 1, 7, 90], [44, 16, 3, 16]], np.int32)
+    prompt, decode = plan_attention(spans, 16)
     assert prompt.tolist() == [[1, 16, 0, 0], [17, 16, 0, 16], [33, 8, 0, 32], [41, 2, 5, 1], [44, 16, 3, 16]]
     assert decode.tolist() == [[0, 1, 2, 4], [43, 1, 7, 90]]
     assert prompt.dtype == decode.dtype == np.int32
-    prompt, decode = plan_attention(chunks, 0)                  # no tensor-core kernel: every row a tile of one
+    prompt, decode = plan_attention(spans, 0)                   # no tensor-core kernel: every row a tile of one
     assert prompt.shape == (0, 4) and decode[:, 0].tolist() == list(range(60)) and (decode[:, 1] == 1).all()
     assert decode[[0, 1, 40, 41, 42, 43, 59]].tolist() == [[0, 1, 2, 4], [1, 1, 0, 0], [40, 1, 0, 39], [41, 1, 5, 1],
                                                           [42, 1, 5, 2], [43, 1, 7, 90], [59, 1, 3, 31]]
-    prompt, decode = plan_attention(chunks[[0, 3]], 16)         # a decode-only step
+    prompt, decode = plan_attention(spans[[0, 3]], 16)          # a decode-only step
     assert prompt.shape == (0, 4) and decode.tolist() == [[0, 1, 2, 4], [43, 1, 7, 90]]
 
 
