@@ -226,18 +226,18 @@ class Kernels:
                             split_keys)
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
-               seed: DeviceArray, param_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:
+               seed: DeviceArray, logit_seq_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:
         """out[r] = the next token of row r of logits (n, V) f32, with the parameters of seq_slot s =
-        param_slots[r]: argmax where temperature[s] == 0, else a draw from softmax(logits[r] / temperature[s])
+        logit_seq_slots[r]: argmax where temperature[s] == 0, else a draw from softmax(logits[r] / temperature[s])
         cut to top_k[s] / top_p[s], with the counter-based generator (seed[s], counter[r]). Per seq_slot (S,):
-        temperature, top_p f32, top_k i32, seed u64; per row (n,): param_slots (each < S), counter, out i32."""
+        temperature, top_p f32, top_k i32, seed u64; per row (n,): logit_seq_slots (each < S), counter, out i32."""
         n, V = logits.shape
         S = temperature.shape[0]
         _expect("sample", logits.dtype == "f32" and out.dtype == "i32"
-                and out.shape == counter.shape == param_slots.shape == (n,)
+                and out.shape == counter.shape == logit_seq_slots.shape == (n,)
                 and temperature.dtype == top_p.dtype == "f32" and top_k.dtype == counter.dtype == "i32"
-                and param_slots.dtype == "i32" and seed.dtype == "u64"
+                and logit_seq_slots.dtype == "i32" and seed.dtype == "u64"
                 and temperature.shape == top_p.shape == top_k.shape == seed.shape == (S,),
-                logits, temperature, top_k, top_p, seed, param_slots, counter, out)
+                logits, temperature, top_k, top_p, seed, logit_seq_slots, counter, out)
         self.gpu.launch(self._sample, self._config("sample", n, SAMPLER_THREADS), logits.arg, np.int32(V),
-                        temperature.arg, top_k.arg, top_p.arg, seed.arg, param_slots.arg, counter.arg, out.arg)
+                        temperature.arg, top_k.arg, top_p.arg, seed.arg, logit_seq_slots.arg, counter.arg, out.arg)

@@ -9,14 +9,14 @@ from common.reference import softmax
 pytestmark = pytest.mark.gpu
 
 
-def launch(kernels, logits, temperature, top_k, top_p, seed, counter, param_slots=None):
+def launch(kernels, logits, temperature, top_k, top_p, seed, counter, logit_seq_slots=None):
     """One launch over the rows of logits (n, V). The parameter sequences are per seq_slot; row r uses seq_slot
-    param_slots[r] (default: row r's own, r)."""
+    logit_seq_slots[r] (default: row r's own, r)."""
     gpu = kernels.gpu
     n = len(logits)
     out = gpu.empty((n,), "i32")
     gpu.fill_bytes(out, 0xFF)
-    slots = np.arange(n) if param_slots is None else param_slots
+    slots = np.arange(n) if logit_seq_slots is None else logit_seq_slots
     kernels.sample(gpu.to_device(np.asarray(logits, np.float32)),
                    *(gpu.to_device(np.asarray(a, t)) for a, t in ((temperature, np.float32), (top_k, np.int32),
                                                                   (top_p, np.float32), (seed, np.uint64),
@@ -125,7 +125,7 @@ def test_each_row_samples_with_its_seq_slots_parameters(kernels):
     seed = rng.integers(0, 2**63, S, dtype=np.uint64)
     slots = rng.permutation(S)[:n]
     counters = rng.integers(0, 100, n)
-    by_slot = launch(kernels, logits, temperature, top_k, top_p, seed, counters, param_slots=slots)
+    by_slot = launch(kernels, logits, temperature, top_k, top_p, seed, counters, logit_seq_slots=slots)
     direct = launch(kernels, logits, temperature[slots], top_k[slots], top_p[slots], seed[slots], counters)
     assert np.array_equal(by_slot, direct)
     greedy = temperature[slots] == 0.0

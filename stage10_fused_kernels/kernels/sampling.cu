@@ -1,13 +1,13 @@
 // sampling.cu: the next token of every sequence of a batch, on the GPU; only the chosen ids (4 bytes each) leave
 // it. Each row samples with its sequence's parameters (temperature, top_k, top_p, seed), kept per seq_slot and
-// written once when the sequence is admitted: row r reads them at param_slots[r]; its counter is counters[r].
+// written once when the sequence is admitted: row r reads them at logit_seq_slots[r]; its counter is counters[r].
 //
 //   greedy (temperature == 0):  token = argmax_i l_i, the first index on ties
 //   otherwise:                  q_i = exp((l_i - max l) / T)                      (softmax(l / T), unnormalised)
 //     kept set S: the most likely tokens, at most top_k of them (0 = no limit), and no more than the smallest
 //                 such prefix whose probability reaches top_p;  token ~ q_i / sum_{j in S} q_j over S
 //   logits (n, V) fp32; per seq_slot (S,): temperature, top_p fp32, top_k int32, seed uint64; per row (n,):
-//   param_slots (each < S), counter, out int32.
+//   logit_seq_slots (each < S), counter, out int32.
 //
 // Finding S without sorting V = 128256 values: S is every token whose logit is >= a cutoff c, and c is the
 // largest value for which  count(l >= c) >= top_k  or  mass(l >= c) >= top_p * sum_i q_i  still holds (both
@@ -45,14 +45,14 @@ __device__ float uniform01(unsigned long long seed, unsigned long long counter) 
 extern "C" __global__ void sample_tokens(const float* __restrict__ all_logits, int vocab,
                                          const float* __restrict__ temperatures, const int* __restrict__ top_ks,
                                          const float* __restrict__ top_ps, const unsigned long long* __restrict__ seeds,
-                                         const int* __restrict__ param_slots, const int* __restrict__ counters,
+                                         const int* __restrict__ logit_seq_slots, const int* __restrict__ counters,
                                          int* __restrict__ out_ids) {
     begin_after_previous();
     __shared__ float scratch[32];
     __shared__ int iscratch[32];
     __shared__ float chunk_start[THREADS];
     __shared__ int chosen;
-    const int tid = threadIdx.x, row = blockIdx.x, ps = param_slots[row];
+    const int tid = threadIdx.x, row = blockIdx.x, ps = logit_seq_slots[row];
     const float* logits = all_logits + static_cast<long long>(row) * vocab;
     const float temperature = temperatures[ps], top_p = top_ps[ps];
     const int top_k = top_ks[ps];
