@@ -95,8 +95,8 @@ class Engine:
                   f"{g.capture_s:.2f} s, {g.graph_bytes / 2**20:.1f} MiB; GEMMs timed now: {g.timed_now} of "
                   f"{len(g.gemm_us)}, the others as timed before on this machine ({g.timings_file})",
                   file=sys.stderr)
-            won = [f"{name} M={m} ({blas:.1f} -> {mine:.1f} us, {split} warps a column)"
-                   for (name, m), (blas, mine, split) in self.graphs.gemm_us.items()
+            won = [f"{name} M={m} ({blas:.1f} -> {mine:.1f} us, {column_warps} warps a column)"
+                   for (name, m), (blas, mine, column_warps) in self.graphs.gemm_us.items()
                    if (m, *self.model.layers[0][name].shape) in self.model.gemv_shapes]
             print(f"gemv       in place of cuBLAS for {len(won)} of {len(self.graphs.gemm_us)} (GEMM, rows): "
                   f"{', '.join(won) or 'none'}", file=sys.stderr)

@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from .gemm_timings import GemmTimings
-from .kernels import GEMV_MAX_ROWS, GEMV_SPLITS, decode_split
+from .kernels import GEMV_COLUMN_WARPS, GEMV_MAX_ROWS, decode_split
 from .packing import StepInputs
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -70,11 +70,11 @@ def gpu_us(gpu, work, repeats: int = 3) -> float:
 
 def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, int], tuple[float, float, int]]:
     """For each layer GEMM (qkv, o, gate_up, down) and each M in `rows` up to GEMV_MAX_ROWS: the GPU time of
-    one, through cuBLAS and through gemv.cu at each of GEMV_SPLITS warps a column (those that give every lane a
-    load), each the mean over every layer's weights of that name (a pass over them all: the weights stream from
-    HBM as in a step), or the times `timings` kept from an earlier engine on this machine. Where gemv.cu's
-    fastest takes at most GEMV_GAIN of cuBLAS's time, model.gemv_shapes maps its (M, N, K) to that split and
-    model.linear() uses it from then on. Returns (name, M) -> (cuBLAS us, gemv us, its warps a column)."""
+    one, through cuBLAS and through gemv.cu at each of GEMV_COLUMN_WARPS warps a column (those that give every
+    lane a load), each the mean over every layer's weights of that name (a pass over them all: the weights stream
+    from HBM as in a step), or the times `timings` kept from an earlier engine on this machine. Where gemv.cu's
+    fastest takes at most GEMV_GAIN of cuBLAS's time, model.gemv_shapes maps its (M, N, K) to those column_warps
+    and model.linear() uses it from then on. Returns (name, M) -> (cuBLAS us, gemv us, column_warps)."""
     times = {}
     for name, (src, dst) in GEMM_BUFFERS.items():
         weights = [layer[name] for layer in model.layers]
@@ -86,13 +86,14 @@ def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, 
                 x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
                 model.gpu.fill_bytes(x, 0)
                 blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, w, y) for w in weights]) / L
-                mine, split = min((gpu_us(model.gpu, lambda: [model.kernels.gemv(x, w, y, s) for w in weights]) / L,
-                                   s) for s in GEMV_SPLITS if s == 1 or K >= 8 * 32 * s)
-                timings.put("gemv", (m, N, K, L), kept := [blas, mine, split])
-            blas, mine, split = kept
-            times[(name, m)] = (blas, mine, split)
+                mine, column_warps = min(
+                    (gpu_us(model.gpu, lambda: [model.kernels.gemv(x, w, y, warps) for w in weights]) / L, warps)
+                    for warps in GEMV_COLUMN_WARPS if warps == 1 or K >= 8 * 32 * warps)
+                timings.put("gemv", (m, N, K, L), kept := [blas, mine, column_warps])
+            blas, mine, column_warps = kept
+            times[(name, m)] = (blas, mine, column_warps)
             if mine <= GEMV_GAIN * blas:
-                model.gemv_shapes[(m, N, K)] = split
+                model.gemv_shapes[(m, N, K)] = column_warps
     return times
 
 
@@ -161,7 +162,7 @@ class DecodeGraphs:
         self.capture_s, self.graph_bytes = 0.0, 0
         self.timed_now, self.timings_file = 0, None     # GEMM shapes timed by this engine; where the times are kept
         self.gemm_us: dict[tuple[str, int], tuple[float, float, int]] = {}   # (name, M) -> cuBLAS us, gemv us,
-        #                                                                       its warps a column (pick_gemms)
+        #                                                                       column_warps (pick_gemms)
 
     # ------------------------------------------------------------------ at start
     def _views(self, size: int):
@@ -185,7 +186,7 @@ class DecodeGraphs:
         after one eager run of the same work (cuBLAS and the launch configurations set themselves up outside the
         capture), on inputs of padding rows only."""
         t0 = time.perf_counter()
-        timings = GemmTimings.for_model(self.model, GEMV_SPLITS)
+        timings = GemmTimings.for_model(self.model, GEMV_COLUMN_WARPS)
         self.gemm_us = pick_gemms(self.model, self.sizes, timings)
         self.timed_now, self.timings_file = len(timings.new), timings.path
         timings.save()

@@ -25,10 +25,10 @@ MIN_KEYS_PER_SPLIT = 64   # one 64-key tile a split: at batch 1 over 256 keys, 4
 #                          against 7.7 for 2 and 7.3 for 1 (bench_attention.py's test_decode_split, H200)
 SPLIT_TARGET_BLOCKS_PER_SM = 4
 GEMV_MAX_ROWS = 8        # gemv.cu's instantiations: M = 1..8
-GEMV_WARPS = 8           # its warps a block: 8 / split output columns, split warps each
+GEMV_WARPS = 8           # its warps a block: 8 / column_warps output columns, column_warps warps each
 GEMV_KEYS_PER_WARP = 2048   # a column's row of K weights gets a warp per 2048 of them (1, 2, 4 or 8 warps),
 #                             unless the caller picks the warps a column (graphs.pick_gemms times each)
-GEMV_SPLITS = (1, 2, 4, 8)    # warps a column: they share a block's 8 warps
+GEMV_COLUMN_WARPS = (1, 2, 4, 8)   # warps a column: they share a block's 8 warps
 
 
 def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
@@ -240,21 +240,22 @@ class Kernels:
                             partial.arg, out.arg, tiles.arg, *map(np.int32, (n_heads, head_dim, n_splits)),
                             split_keys)
 
-    def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, split: int | None = None) -> None:
+    def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, column_warps: int | None = None) -> None:
         """y = x @ w^T for a few rows, streaming the weights (gemv.cu).   x (M, K) bf16 with M <= GEMV_MAX_ROWS,
         w (N, K) bf16, y (M, N) bf16; K a multiple of 8 and x, w 16-byte aligned (its loads are 16 bytes).
-        split: the warps each output column's row of weights is shared by (GEMV_SPLITS); None: one per
-        GEMV_KEYS_PER_WARP weights."""
+        column_warps: the warps each output column's row of weights is shared by (GEMV_COLUMN_WARPS); None: one
+        per GEMV_KEYS_PER_WARP weights."""
         (M, K), (N, K_w) = x.shape, w.shape
         _expect("gemv", x.dtype == w.dtype == y.dtype == "bf16" and K == K_w and y.shape == (M, N)
                 and 1 <= M <= GEMV_MAX_ROWS and K % 8 == 0 and x.ptr % 16 == 0 and w.ptr % 16 == 0
-                and split in (None, *GEMV_SPLITS), x, w, y)
-        if split is None:
-            split = 1
-            while split < GEMV_WARPS and K >= 2 * split * GEMV_KEYS_PER_WARP:
-                split *= 2
-        self.gpu.launch(self._gemv[M - 1], self._config("gemv", -(-N // (GEMV_WARPS // split)), 32 * GEMV_WARPS),
-                        w.arg, x.arg, y.arg, np.int32(N), np.int32(K), np.int32(split))
+                and column_warps in (None, *GEMV_COLUMN_WARPS), x, w, y)
+        if column_warps is None:
+            column_warps = 1
+            while column_warps < GEMV_WARPS and K >= 2 * column_warps * GEMV_KEYS_PER_WARP:
+                column_warps *= 2
+        self.gpu.launch(self._gemv[M - 1],
+                        self._config("gemv", -(-N // (GEMV_WARPS // column_warps)), 32 * GEMV_WARPS),
+                        w.arg, x.arg, y.arg, np.int32(N), np.int32(K), np.int32(column_warps))
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
                seed: DeviceArray, logit_seq_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:

@@ -58,8 +58,8 @@ class Model:
                  max_model_len: int, max_num_batched_tokens: int, block_size: int):
         self.weights, self.config, self.gpu, self.kernels = weights, config, gpu, kernels
         self.cublas = Cublas(gpu)
-        self.gemv_shapes: dict[tuple[int, int, int], int] = {}   # (M, N, K) that take gemv.cu -> its warps a
-        #                                                          column (graphs.pick_gemms)
+        self.gemv_shapes: dict[tuple[int, int, int], int] = {}   # (M, N, K) that take gemv.cu -> its
+        #                                                          column_warps (graphs.pick_gemms)
         self.max_num_seqs, self.max_model_len = B, L = max_num_seqs, max_model_len
         self.max_rows = R = max_num_batched_tokens
         c = config
@@ -260,9 +260,9 @@ class Model:
     def linear(self, x: DeviceArray, w: DeviceArray, y: DeviceArray) -> None:
         """y = x @ w^T: gemv.cu for the (M, N, K) where it was measured faster than cuBLAS (with the warps a
         column that were fastest), else cuBLAS."""
-        split = self.gemv_shapes.get((x.shape[0], *w.shape))
-        if split is not None:
-            self.kernels.gemv(x, w, y, split)
+        column_warps = self.gemv_shapes.get((x.shape[0], *w.shape))
+        if column_warps is not None:
+            self.kernels.gemv(x, w, y, column_warps)
         else:
             self.cublas.linear(x, w, y)
 

@@ -6,20 +6,20 @@
 // At M = 1..8 a linear layer reads N K weights to do M N K multiply-adds: about one flop per byte, so its time is
 // the time to stream W from HBM once, and the only question is how close to the copy bandwidth it gets. cuBLAS's
 // heuristic picks tensor-core GEMM tiles for these shapes; the profile measured them at 1.5-2.8x their floor on
-// the 1B's qkv, o and down projections at batch 1. This kernel does nothing but stream: `split` warps share
-// one output column n (one row of W, contiguous), each lane loads 16 bytes (8 weights) at a time, lane l of part
-// p at k = 8 (l + 32 p), then every 8 * 32 * split further, multiplies them by the same 8 elements of every x
-// row (x is a few KiB, served from L1/L2 to every warp), and each warp sums its 32 partial dot products with
-// shuffles; the split's partials meet in shared memory and are added in a fixed order (the same bits every
-// run). Loads are unrolled four deep so each lane keeps 64 bytes of W in flight. split (1, 2, 4 or 8 warps a
-// column) grows with K, so a long row (down's 8192) is streamed by several warps at once instead of one warp
+// the 1B's qkv, o and down projections at batch 1. This kernel does nothing but stream: `column_warps` warps
+// share one output column n (one row of W, contiguous), each lane loads 16 bytes (8 weights) at a time, lane l of
+// part p at k = 8 (l + 32 p), then every 8 * 32 * column_warps further, multiplies them by the same 8 elements of
+// every x row (x is a few KiB, served from L1/L2 to every warp), and each warp sums its 32 partial dot products
+// with shuffles; the column's partials meet in shared memory and are added in a fixed order (the same bits every
+// run). Loads are unrolled four deep so each lane keeps 64 bytes of W in flight. column_warps (1, 2, 4 or 8)
+// grows with K, so a long row (down's 8192) is streamed by several warps at once instead of one warp
 // making 32 trips. The engine times it against cuBLAS per shape at start and keeps it only where it is clearly
 // faster (graphs.py), so it runs only where it wins. Launched early (pdl.cuh), each lane loads its first four
 // 16-byte words of weights while the kernel before (a norm, the attention) still runs: at 2 warps a column that
 // is all of qkv's 2048-long rows, so most of the stream overlaps the small kernels between two GEMMs.
 //
-// Launch: grid ceil(N / (8 / split)), block 256 (8 warps: 8 / split columns a block). One instantiation per M
-// (gemv_m1 .. gemv_m8).
+// Launch: grid ceil(N / (8 / column_warps)), block 256 (8 warps: 8 / column_warps columns a block). One
+// instantiation per M (gemv_m1 .. gemv_m8).
 #include <cuda_bf16.h>
 #include "pdl.cuh"
 
@@ -50,13 +50,13 @@ __device__ __forceinline__ void accumulate(float acc[M], const Pack& a, const __
 
 template <int M>
 __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,
-                                            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int split) {
+                                            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps) {
     __shared__ float partial[WARPS][M];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % split;
-    const int n = blockIdx.x * (WARPS / split) + warp / split;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % column_warps;
+    const int n = blockIdx.x * (WARPS / column_warps) + warp / column_warps;
     const bool valid = n < n_cols;                   // every thread reaches the barrier below
     const __nv_bfloat16* row = w + static_cast<long long>(valid ? n : 0) * k_dim;
-    const int stride = VEC * 32 * split, first = VEC * (lane + 32 * part);
+    const int stride = VEC * 32 * column_warps, first = VEC * (lane + 32 * part);
     launch_dependents();
     // the first PREFETCH loads of this lane's weights go out before the previous kernel has finished (weights
     // are never written during a step); only x has to wait for it
@@ -91,7 +91,7 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
     __syncthreads();
     if (valid && part == 0 && lane < M) {            // lane m adds row m's partials of the column's warps
         float total = 0.0f;
-        for (int q = 0; q < split; ++q) total += partial[warp + q][lane];
+        for (int q = 0; q < column_warps; ++q) total += partial[warp + q][lane];
         y[static_cast<long long>(lane) * n_cols + n] = __float2bfloat16(total);
     }
 }
@@ -99,8 +99,8 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
 #define INSTANTIATE(M)                                                                                            \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_m##M(                                         \
             const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,                           \
-            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int split) {                                   \
-        gemv_column<M>(w, x, y, n_cols, k_dim, split);                                                           \
+            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps) {                            \
+        gemv_column<M>(w, x, y, n_cols, k_dim, column_warps);                                                    \
     }
 INSTANTIATE(1)
 INSTANTIATE(2)

@@ -11,7 +11,7 @@ from common.sampling import SamplingParams
 from common.testing import rel_l2
 
 from ..graphs import GEMV_GAIN, decode_layout, pack_decode
-from ..kernels import GEMV_SPLITS
+from ..kernels import GEMV_COLUMN_WARPS
 from ..packing import pack
 
 pytestmark = pytest.mark.gpu
@@ -112,10 +112,11 @@ def test_each_small_gemm_was_timed_and_the_faster_kernel_kept(engine):
     sizes = [s for s in engine.graphs.sizes if s <= 8]
     assert sorted(times) == sorted((name, s) for name in ("qkv", "o", "gate_up", "down") for s in sizes)
     shapes = {name: m.layers[0][name].shape for name in ("qkv", "o", "gate_up", "down")}
-    want = {(s, *shapes[name]): split for (name, s), (blas, mine, split) in times.items()
+    want = {(s, *shapes[name]): column_warps for (name, s), (blas, mine, column_warps) in times.items()
             if mine <= GEMV_GAIN * blas}
     assert m.gemv_shapes == want
-    assert all(0 < blas < 1e4 and 0 < mine < 1e4 and split in GEMV_SPLITS for blas, mine, split in times.values())
+    assert all(0 < blas < 1e4 and 0 < mine < 1e4 and column_warps in GEMV_COLUMN_WARPS
+               for blas, mine, column_warps in times.values())
 
 
 def test_a_replay_follows_the_step_s_split_of_the_keys(engine):

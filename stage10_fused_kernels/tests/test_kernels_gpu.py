@@ -388,15 +388,15 @@ def test_gemv_matches_numpy(kernels, rng, M, N, K):
     assert rel_l2(read(gpu, y), xf @ wf.T) < 1e-2
 
 
-@pytest.mark.parametrize("split", [1, 2, 4, 8])
+@pytest.mark.parametrize("column_warps", [1, 2, 4, 8])
 @pytest.mark.parametrize("M, N, K", [(1, 37, 8), (3, 1000, 2048), (8, 45, 4104), (2, 19, 520)])
-def test_gemv_with_any_warps_a_column_matches_numpy(kernels, rng, split, M, N, K):
+def test_gemv_with_any_warps_a_column_matches_numpy(kernels, rng, column_warps, M, N, K):
     """The warps a column the engine may pick: more warps than a row has loads leave some idle, still exact."""
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 1, (M, K)))
     w, wf = bf16(gpu, rng.normal(0, 0.05, (N, K)))
     y = poisoned(gpu, (M, N))
-    kernels.gemv(x, w, y, split)
+    kernels.gemv(x, w, y, column_warps)
     assert rel_l2(read(gpu, y), xf @ wf.T) < 1e-2
 
 
@@ -432,7 +432,7 @@ def test_gemv_refuses_what_it_cannot_load(kernels):
         kernels.gemv(gpu.empty((1, 12), "bf16"), gpu.empty((4, 12), "bf16"), gpu.empty((1, 4), "bf16"))
     with pytest.raises(ValueError, match="gemv"):                          # 9 rows: no instantiation
         kernels.gemv(gpu.empty((9, 16), "bf16"), gpu.empty((4, 16), "bf16"), gpu.empty((9, 4), "bf16"))
-    with pytest.raises(ValueError, match="gemv"):                          # 3 warps a column: not a split
+    with pytest.raises(ValueError, match="gemv"):                          # 3 warps a column: not in GEMV_COLUMN_WARPS
         kernels.gemv(gpu.empty((1, 16), "bf16"), gpu.empty((4, 16), "bf16"), gpu.empty((1, 4), "bf16"), 3)
 
 
