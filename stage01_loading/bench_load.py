@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common.checkpoint import Checkpoint
-from common.measure import plain_read_gbps
+from common.bench.measure import plain_read_gbps
 from common.synthetic import resolve_model
 
 MODEL = "llama-3.2-1b"

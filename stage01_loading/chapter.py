@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from common.readme import RESULTS
+from common.course.readme import RESULTS
 
 
 def load_results() -> str:

@@ -14,8 +14,8 @@ import statistics
 import numpy as np
 import pytest
 
-from common.measure import gpu_and_host_ms
-from common.workloads import make_requests
+from common.bench.measure import gpu_and_host_ms
+from common.bench.workloads import make_requests
 
 PREFILL = [128, 512, 2048]
 MAX_LEN = 2304                      # room for the longest prefill and for latency's 128 + 256
@@ -44,7 +44,7 @@ def stage02():
 def hf():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from common.hf_engine import Engine
+    from common.bench.hf_engine import Engine
 
     return Engine(ONE_B, max_model_len=MAX_LEN)
 

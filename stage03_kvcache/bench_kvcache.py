@@ -12,8 +12,8 @@ import statistics
 import numpy as np
 import pytest
 
-from common.measure import gpu_and_host_ms, growth_rates
-from common.workloads import make_requests
+from common.bench.measure import gpu_and_host_ms, growth_rates
+from common.bench.workloads import make_requests
 
 ONE_B = "llama-3.2-1b"
 MAX_LEN = 2048

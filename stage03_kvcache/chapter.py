@@ -2,8 +2,8 @@
 renders them with the common, data-driven ones."""
 from __future__ import annotations
 
-from common import results
-from common.readme import RESULTS, split_table
+from common.course import results
+from common.course.readme import RESULTS, split_table
 
 
 def kvcache_split() -> str:

@@ -10,8 +10,8 @@
 import numpy as np
 import pytest
 
-from common.measure import gpu_and_host_ms
-from common.workloads import make_requests
+from common.bench.measure import gpu_and_host_ms
+from common.bench.workloads import make_requests
 
 ONE_B = "llama-3.2-1b"
 

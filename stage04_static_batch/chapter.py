@@ -2,8 +2,8 @@
 renders them with the common, data-driven ones."""
 from __future__ import annotations
 
-from common import results
-from common.readme import RESULTS, split_table
+from common.course import results
+from common.course.readme import RESULTS, split_table
 
 H200_BF16_DENSE_TFLOPS = 989     # NVIDIA's H200 SXM datasheet figures (bf16 1979 TFLOP/s is with 2:4 sparsity)
 H200_HBM_TB_PER_S = 4.8

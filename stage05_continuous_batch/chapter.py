@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import string
 
-from common import results
+from common.course import results
 from common.outputs import Timing
-from common.readme import RESULTS, split_table
+from common.course.readme import RESULTS, split_table
 from common.sampling import SamplingParams
 
 from .scheduler import Scheduler

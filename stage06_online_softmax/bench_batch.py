@@ -14,9 +14,9 @@ import statistics
 import numpy as np
 import pytest
 
-from common.measure import gpu_and_host_ms
+from common.bench.measure import gpu_and_host_ms
 from common.sampling import SamplingParams
-from common.workloads import make_requests
+from common.bench.workloads import make_requests
 
 from .packing import pack
 

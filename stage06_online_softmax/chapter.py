@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from common.readme import RESULTS, pytest_bench
+from common.course.readme import RESULTS, pytest_bench
 from common.synthetic import PRESETS
 
 from .kernels import ATTENTION_THREADS, TILE_M, tile_rows

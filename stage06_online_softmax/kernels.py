@@ -50,7 +50,7 @@ def _expect(what: str, ok: bool, *arrays: DeviceArray) -> None:
         raise ValueError(f"{what}: unexpected arguments {shapes}")
 
 
-# What common/profile.py reads to name this stage's kernels in a decode step's CUPTI record: kernel name (a name
+# What common/bench/profile.py reads to name this stage's kernels in a decode step's CUPTI record: kernel name (a name
 # ending in "*" is a prefix) -> the group whose floor, computed there from the model's shapes, it is held to.
 # "gemm": a GEMM, taking the next of the step's fixed order as cuBLAS's kernels do; None: never in a decode step.
 PROFILE_GROUPS = {

@@ -16,9 +16,9 @@ import json
 import statistics
 from pathlib import Path
 
-from common.readme import RESULTS, pytest_bench
+from common.course.readme import RESULTS, pytest_bench
 from common.synthetic import PRESETS
-from common.workloads import make_requests
+from common.bench.workloads import make_requests
 
 from .block_manager import BlockManager, blocks_for
 from .cache import BLOCK_SIZE, kv_cache_bytes

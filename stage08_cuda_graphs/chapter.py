@@ -1,5 +1,5 @@
 """The generated parts of this stage's chapter (README.md); `python -m common.readme` renders them with the common,
-data-driven ones. Results are read through common.results.load, which shows a result of the eight-stage course
+data-driven ones. Results are read through common.course.results.load, which shows a result of the eight-stage course
 (dated before the split) that names this stage under the tree that really ran it.
 
   launch-gaps       the previous stage's committed batch-1 profile: the step's wall time, the GPU's span, the
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import results
-from common.readme import RESULTS, pytest_bench
-from common.workloads import BATCH_SIZES
+from common.course import results
+from common.course.readme import RESULTS, pytest_bench
+from common.bench.workloads import BATCH_SIZES
 
 from .cache import MAX_NUM_SEQS
 from .graphs import capture_sizes, graph_size
@@ -168,7 +168,7 @@ def step_split() -> str:
 
 def pre_split() -> str:
     """The pre-split tree's first H200 runs (PRE_SPLIT): its profiles with and without graphs beside the previous
-    stage's, and the latency run of the same minutes. common.results.load shows that tree as the stage it became."""
+    stage's, and the latency run of the same minutes. common.course.results.load shows that tree as the stage it became."""
     profiles = [results.load(RESULTS / name) for name in PRE_SPLIT["profiles"]]
     labels = [_label(profiles[0]), "pre-split tree, enforce_eager", "pre-split tree, graphs"]
     r = results.load(RESULTS / PRE_SPLIT["latency"])

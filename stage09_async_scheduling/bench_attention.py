@@ -10,7 +10,7 @@ sequence's blocks at shuffled places of the pool, block sizes 8, 16 (the default
            decode_split() would pick: where a batch-1 step's attention is fastest
   prefill  one prompt of 2048 and 8192 tokens, tiles of 16 rows: GPU time per layer and achieved
            TFLOP/s (4 hd flops per (query, key, head) pair under the causal mask: QK^T and PV)
-GPU time is from events around 20 launches queued while a spin kernel holds the GPU (common.measure's
+GPU time is from events around 20 launches queued while a spin kernel holds the GPU (common.bench.measure's
 gpu_and_host_ms), so they run back to back and the host's launch cost is not in the figures: they are the
 kernels'. (Without the hold, a kernel shorter than the host's time to queue it would time the host.)
 pytest-benchmark's own timing is the wall time of one such batch.
@@ -20,7 +20,7 @@ import pytest
 
 from common.bf16 import f32_to_bf16
 from common.device import get_gpu
-from common.measure import gpu_and_host_ms
+from common.bench.measure import gpu_and_host_ms
 
 from .kernels import Kernels, decode_split, tile_rows
 from .packing import plan_attention

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import results
+from common.course import results
 from common.outputs import Timing
-from common.readme import RESULTS, ROOT, pytest_bench
+from common.course.readme import RESULTS, ROOT, pytest_bench
 from common.sampling import SamplingParams
 
 from .block_manager import BlockManager

@@ -1,8 +1,8 @@
 """The generated parts of this stage's chapter (README.md); `python -m common.readme` renders them with the common,
 data-driven ones.
 
-Every figure is read through common.results.load. A result dated before the course's split
-(common.results.SPLIT_DATE) ran the tree this stage was cut from (the eight-stage course's last stage, at some
+Every figure is read through common.course.results.load. A result dated before the course's split
+(common.course.results.SPLIT_DATE) ran the tree this stage was cut from (the eight-stage course's last stage, at some
 point of its day); the tables label such a column "before the split" and name the log folder that holds its copy
 and says which tree it ran. A table whose figures would come from this stage's own tree says, in generated text,
 whether that tree has been measured yet and which command measures it.
@@ -22,9 +22,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from common import results
-from common.profile import ORDER
-from common.readme import RESULTS, ROOT
+from common.course import results
+from common.bench.profile import ORDER
+from common.course.readme import RESULTS, ROOT
 
 STAGE = Path(__file__).parent.name
 PREVIOUS = max(p.name for p in ROOT.glob("stage[0-9][0-9]_*") if p.name < STAGE)

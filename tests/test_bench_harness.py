@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from common.bench import BASELINES, Progress, main, stage_module
-from common.bench_table import format_table, merge, spread_warnings, summarise
-from common.measure import growth_rates
-from common.workloads import WORKLOADS, make_requests
+from common.bench.harness import BASELINES, Progress, main, stage_module
+from common.bench.table import format_table, merge, spread_warnings, summarise
+from common.bench.measure import growth_rates
+from common.bench.workloads import WORKLOADS, make_requests
 from common.device import has_gpu
 from common.outputs import Timing
 
@@ -80,7 +80,7 @@ def test_stage_lookup():
 
 
 def test_baselines_load_like_stages():
-    assert stage_module("hf") == "common.hf_engine" and stage_module("numpy") == "common.reference"
+    assert stage_module("hf") == "common.bench.hf_engine" and stage_module("numpy") == "common.reference"
     assert {"hf", "hf-sdpa", "hf-compile", "numpy"} <= set(BASELINES)
 
 
@@ -138,8 +138,8 @@ def test_progress_total_drops_by_the_runs_a_worker_did_not_make(capsys):
 
 
 def test_a_ladder_is_every_stage_from_its_first_then_its_baselines():
-    from common.bench import ladder_stages
-    from common.workloads import LADDERS
+    from common.bench.harness import ladder_stages
+    from common.bench.workloads import LADDERS
 
     root = Path(__file__).resolve().parents[1]
     stages = sorted(p.name[5:7] for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())

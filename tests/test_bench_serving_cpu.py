@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
 pytest.importorskip("openai", reason="the server tests use the openai client (the dev extra)")
 
-from common.bench_serving import check, figures, idle_metrics, plan, send_all
+from common.bench.serving import check, figures, idle_metrics, plan, send_all
 from common.reference import ReferenceEngine
 from common.sampling import SamplingParams
 
@@ -61,7 +61,7 @@ def test_a_fault_run_aborts_the_clients_that_leave_and_refuses_the_malformed(run
 
 def test_check_names_a_request_short_of_its_tokens():
     planned = plan(requests(n=2), MODEL, fault=False)
-    from common.serve.client import StreamResult
+    from common.bench.client import StreamResult
 
     short = [StreamResult(200, completion_tokens=p.max_tokens - 1, finish_reason="length") for p in planned]
     assert [w.split(":")[0] for w in check(planned, short)] == ["request 0", "request 1"]

@@ -47,10 +47,10 @@ def test_compile_error_names_the_file_and_shows_the_log(tmp_path):
 
 def test_every_kernel_file_the_code_loads_is_compiled_here():
     """The parametrised test above covers what the engines load: every "name.cu" a package's code names (its
-    kernels.py, common's measure.py) is a file of that package's kernels/ in KERNELS, and every stage with a
-    kernels.py has some. A kernel file the glob missed (in a folder of its own, say) would go untested."""
+    kernels.py, common's bench/measure.py) is a file of that package's kernels/ in KERNELS, and every stage with
+    a kernels.py has some. A kernel file the glob missed (in a folder of its own, say) would go untested."""
     compiled = {(p.parent.parent.name, p.name) for p in KERNELS}
-    named = {(py.parent.name, name) for py in [*ROOT.glob("stage*/*.py"), *ROOT.glob("common/*.py")]
+    named = {(py.relative_to(ROOT).parts[0], name) for py in [*ROOT.glob("stage*/*.py"), *ROOT.glob("common/**/*.py")]
              for name in re.findall(r"[\"']([A-Za-z0-9_]+\.cu)[\"']", py.read_text())}
     stages = {py.parent.name for py in ROOT.glob("stage*/kernels.py")}
     assert stages and stages <= {package for package, _ in named}, "a stage whose kernels.py loads no .cu file"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.diff import ROOT, MinimalMatcher, main, report
+from common.course.diff import ROOT, MinimalMatcher, main, report
 from common.testing import for_each_seed, seed_ranges
 
 ENGINE_OLD = "".join(f"line {i}\n" for i in range(12))

@@ -1,4 +1,4 @@
-"""The transformers baselines of the harness (common/hf_engine.py), on the CPU: batched with left padding, through
+"""The transformers baselines of the harness (common/bench/hf_engine.py), on the CPU: batched with left padding, through
 the StaticCache path of hf-compile, and through transformers' continuous batching (hf-cb), they give the same
 greedy tokens as one request at a time."""
 import numpy as np
@@ -23,7 +23,7 @@ def _tokens(outs):
 
 
 def test_batched_left_padding_equals_one_at_a_time(tiny_dir, requests):
-    from common.hf_engine import Engine
+    from common.bench.hf_engine import Engine
 
     one = Engine(str(tiny_dir), attn_implementation="sdpa", device="cpu", dtype="float32")
     batched = Engine(str(tiny_dir), attn_implementation="sdpa", batch_size=3, device="cpu", dtype="float32")
@@ -34,7 +34,7 @@ def test_batched_left_padding_equals_one_at_a_time(tiny_dir, requests):
 
 
 def test_static_cache_path_equals_eager(tiny_dir, requests):
-    from common.hf_engine import Engine
+    from common.bench.hf_engine import Engine
 
     eager = Engine(str(tiny_dir), device="cpu", dtype="float32")
     static = Engine(str(tiny_dir), attn_implementation="sdpa", compile=True, device="cpu", dtype="float32")
@@ -44,7 +44,7 @@ def test_static_cache_path_equals_eager(tiny_dir, requests):
 def test_continuous_batching_equals_one_at_a_time_each_request_with_its_own_max_tokens(tiny_dir, requests):
     """hf-cb: the three requests in transformers' manager at once, each stopping at its own max_tokens; a second
     generate() reuses the manager (made once) and gives the same tokens; each token of a request is timed."""
-    from common.hf_engine import Engine
+    from common.bench.hf_engine import Engine
 
     one = Engine(str(tiny_dir), attn_implementation="sdpa", device="cpu", dtype="float32")
     cb = Engine(str(tiny_dir), attn_implementation="sdpa", continuous_batching=True, max_num_seqs=4, device="cpu",
@@ -57,7 +57,7 @@ def test_continuous_batching_equals_one_at_a_time_each_request_with_its_own_max_
 
 
 def test_mixed_sampling_parameters_are_not_batched(tiny_dir, requests):
-    from common.hf_engine import Engine
+    from common.bench.hf_engine import Engine
 
     prompts, params = requests
     batched = Engine(str(tiny_dir), attn_implementation="sdpa", batch_size=3, device="cpu", dtype="float32")

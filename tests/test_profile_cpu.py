@@ -1,5 +1,5 @@
 """CPU: the profile's naming of a decode step's kernels from each stage's declaration, its floors, the cutting of a
-generate() run into decode steps, and the GPU's gaps inside a step (common/profile.py)."""
+generate() run into decode steps, and the GPU's gaps inside a step (common/bench/profile.py)."""
 import ast
 import importlib
 from pathlib import Path
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from common.checkpoint import Checkpoint
-from common.profile import (FLOORED, ORDER, Declaration, cut_steps, engine_kwargs, exposed_ns, floor_bytes,
+from common.bench.profile import (FLOORED, ORDER, Declaration, cut_steps, engine_kwargs, exposed_ns, floor_bytes,
                             format_profile, idle_ns, label_step, read_declaration, step_figures, summarize)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from common import readme
+from common.course import readme
 
 
 def test_generated_readme_blocks_are_current(capsys):

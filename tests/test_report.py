@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from common import report
+from common.course import report
 
 
 def test_report_is_current():
@@ -82,7 +82,7 @@ def test_report_does_not_import_readme():
     import subprocess
     import sys
 
-    code = "import sys, common.report; assert 'common.readme' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, common.course.report; assert 'common.course.readme' not in sys.modules, sorted(sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -1,8 +1,8 @@
-"""CPU: committed results read under today's engine names (common/results.py): the first harness's module names,
+"""CPU: committed results read under today's engine names (common/course/results.py): the first harness's module names,
 and the eight-stage course's stage08, whose results from before the split are stage10's."""
 import json
 
-from common import results
+from common.course import results
 
 
 def test_a_stage08_result_from_before_the_split_is_stage10_s_and_one_after_it_is_stage08_s():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.workloads import BATCH_SIZES, GROWTH_LENGTHS
+from common.bench.workloads import BATCH_SIZES, GROWTH_LENGTHS
 
 
 def plain_read_gbps(files: list[Path], buf: np.ndarray | None = None, repeats: int = 3) -> float:
@@ -96,7 +96,7 @@ def gpu_and_host_ms(gpu, enqueue, repeats: int = 5) -> dict:
 
     from common.compile import KernelModule
 
-    spin = KernelModule(Path(__file__).parent / "kernels" / "spin.cu", gpu.arch).kernel("spin")
+    spin = KernelModule(Path(__file__).parents[1] / "kernels" / "spin.cu", gpu.arch).kernel("spin")
     one = LaunchConfig(grid=1, block=1)
     gpu_ms, host_ms, hold_ns = [], [], 20_000_000
     while len(gpu_ms) < repeats:

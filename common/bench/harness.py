@@ -43,12 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
-from common.bench_table import format_table, merge, spread_warnings, summarise
+from common.bench.table import format_table, merge, spread_warnings, summarise
 from common.checkpoint import Checkpoint
-from common.measure import device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up, waste
+from common.bench.measure import device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up, waste
 from common.prompts import PromptError
 from common.synthetic import resolve_model
-from common.workloads import BATCH_SIZES, LADDERS, LONG_LENGTHS, WORKLOADS, Workload, make_requests
+from common.bench.workloads import BATCH_SIZES, LADDERS, LONG_LENGTHS, WORKLOADS, Workload, make_requests
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,14 @@ class EngineSpec:
 
 
 BASELINES = {
-    "hf": EngineSpec("common.hf_engine"),
+    "hf": EngineSpec("common.bench.hf_engine"),
     # 256 at a time: what a user of transformers would pick for `ragged` (its 256 requests in one left-padded
     # batch, ~1000 decode steps, where 64 at a time would take 4 batches of ~1000 steps each)
-    "hf-sdpa": EngineSpec("common.hf_engine", {"attn_implementation": "sdpa", "batch_size": 256}),
-    "hf-compile": EngineSpec("common.hf_engine", {"attn_implementation": "sdpa", "compile": True}, batch_one=True),
+    "hf-sdpa": EngineSpec("common.bench.hf_engine", {"attn_implementation": "sdpa", "batch_size": 256}),
+    "hf-compile": EngineSpec("common.bench.hf_engine", {"attn_implementation": "sdpa", "compile": True},
+                             batch_one=True),
     # transformers' own continuous batching: the baseline a user of transformers would pick for many requests
-    "hf-cb": EngineSpec("common.hf_engine", {"attn_implementation": "sdpa", "continuous_batching": True}),
+    "hf-cb": EngineSpec("common.bench.hf_engine", {"attn_implementation": "sdpa", "continuous_batching": True}),
     "numpy": EngineSpec("common.reference", gpu=False),
 }
 
@@ -220,7 +221,7 @@ def stage_module(tag: str) -> str:
     """"01" -> "stage01_loading"; a baseline's tag -> its module."""
     if tag in BASELINES:
         return BASELINES[tag].module
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     found = sorted(p.name for p in root.glob(f"stage{int(tag):02d}_*") if (p / "__init__.py").exists()) \
         if tag.isdigit() else []
     if not found:
@@ -231,7 +232,7 @@ def stage_module(tag: str) -> str:
 def ladder_stages(workload: str) -> str:
     """The --stages of a workload's ladder run: every stage from its first, then its baselines."""
     ladder = LADDERS[workload]
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     numbers = sorted(p.name[5:7] for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
     return ",".join([n for n in numbers if int(n) >= ladder.first_stage] + list(ladder.baselines))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from common.workloads import Workload
+from common.bench.workloads import Workload
 
 SPREAD_WARNING = 0.10   # (max - min) / median of a headline figure above this is called out
 

@@ -18,7 +18,7 @@ def render(text: str, generators: dict[str, Callable[[], str]], where: str, only
         if m.group(2) not in generators:
             if only:
                 return m.group(0)
-            raise KeyError(f"{where}: no generator {m.group(2)!r} (common/readme.py or the stage's chapter.py)")
+            raise KeyError(f"{where}: no generator {m.group(2)!r} (common/course/readme.py or the stage's chapter.py)")
         return m.group(1) + generators[m.group(2)]() + "\n" + m.group(4)
 
     return BLOCK.sub(block, text)

@@ -1,0 +1,11 @@
+"""The measuring tools: the harness and everything it measures with. The commands (each also under its old name,
+`python -m common.bench_serving` and `python -m common.profile`):
+
+    python -m common.bench ...            harness.py   every engine in its own process, medians of 3+ runs; --ladder
+    python -m common.bench.serving ...    serving.py   the server under load, against the engine alone (client.py:
+                                                       one streaming request, timed)
+    python -m common.bench.profile ...    profile.py   a decode step kernel by kernel, each against its floor
+
+table.py formats the harness's results, measure.py times what they hold, workloads.py defines the request sets
+and each workload's ladder, hf_engine.py the transformers baselines (hf, hf-sdpa, hf-compile, hf-cb).
+"""
