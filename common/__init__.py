@@ -1,2 +1,3 @@
-"""What every stage shares and no stage teaches: CUDA plumbing, cuBLAS, config, tokenizer, sampling parameters,
-the numpy reference model, synthetic checkpoints and the benchmark harness."""
+"""What every stage stands on and no stage teaches: CUDA plumbing, cuBLAS, config, checkpoints, tokenizer,
+sampling parameters, and the numpy references; bench/ holds the measuring tools, course/ the course's generators,
+serve/ the server."""
