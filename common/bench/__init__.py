@@ -5,6 +5,7 @@
     python -m common.bench.serving ...    serving.py   the server under load, against the engine alone (client.py:
                                                        one streaming request, timed)
     python -m common.bench.profile ...    profile.py   a decode step kernel by kernel, each against its floor
+    python -m common.bench.host_profile   host_profile.py   where the host's time goes in a step (cProfile)
 
 table.py formats the harness's results, measure.py times what they hold, workloads.py defines the request sets
 and each workload's ladder, hf_engine.py the transformers baselines (hf, hf-sdpa, hf-compile, hf-cb).
