@@ -94,7 +94,7 @@ want long && run harness-long python3 -m common.bench --stages ${LONG_STAGES:-hf
 # the naive attention of stages 02-05 needs ~1 min per 32K prefill: long-hf-32k measures the baseline alone there
 want long-hf-32k && run harness-long-hf-32k python3 -m common.bench --stages hf-sdpa --workload long --lengths 32768 \
     --out "$logs"
-# the server under load (issue 14): 256 concurrent streaming clients against the engine alone, then a fault run;
+# the server under load: 256 concurrent streaming clients against the engine alone, then a fault run;
 # serve-rate: the same requests arriving at a fixed rate (Poisson, SERVE_RATE per second)
 # SERVE_ARGS: more flags for both (e.g. --no-engine-process: the engine on a thread of the server's process)
 want serve && run serve-ragged python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --fault ${SERVE_ARGS:-} \

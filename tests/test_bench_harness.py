@@ -95,7 +95,7 @@ def test_growth_rates_count_decode_steps_only():
 
 @pytest.mark.skipif(has_gpu()[0], reason="checks the behaviour on a machine without a GPU")
 def test_numpy_runs_and_a_gpu_stage_is_skipped_in_one_line(tmp_path, capsys):
-    """The issue's command, as a user without a GPU types it (about a minute: 3 runs of 256 numpy steps)."""
+    """The command, as a user without a GPU types it (about a minute: 3 runs of 256 numpy steps)."""
     assert main(["--stages", "numpy,04", "--workload", "latency", "--model", "tiny", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("stage04_static_batch: skipped: it needs a GPU (no NVIDIA driver") == 1 and "Traceback" not in out

@@ -1,4 +1,4 @@
-"""The project's text speaks of the project alone: no run labels of the place it was built in.
+"""The project's text speaks of the project alone: no run labels of the place it was built in, no issue numbers.
 
 A label is a word like "session" or "call" glued to a number ("call" + "4", "session" + " 12"): it named a
 working session or a machine command while the project was built, and means nothing to a reader. A run is named
@@ -66,6 +66,17 @@ def test_no_tracked_text_file_carries_a_run_label():
         text = text_of(ROOT / name)
         found += labels_in(name, text if text is not None else "")
     assert not found, "run labels (name the run by date, GPU and what ran):\n" + "\n".join(found)
+
+
+ISSUE = re.compile(r"\bissues? \d+", re.IGNORECASE)
+
+
+def test_no_tracked_text_file_names_an_issue_by_number():
+    """The work was planned as numbered issues of a tracker the reader never sees: a chapter says what a stage set
+    out to do, not which ticket asked for it."""
+    found = [f"{name}:{number}: {line.strip()[:160]}" for name in tracked_files()
+             for number, line in enumerate((text_of(ROOT / name) or "").splitlines(), 1) if ISSUE.search(line)]
+    assert not found, "issue numbers:\n" + "\n".join(found)
 
 
 LOG_FOLDER = re.compile(r"\blogs/(\d{4}-\d{2}-\d{2}-[A-Za-z0-9-]+)")
