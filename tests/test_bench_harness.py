@@ -155,3 +155,20 @@ def test_ladder_run_names_its_engines_and_a_workload_without_one_is_one_line(cap
     with pytest.raises(SystemExit) as info:
         main(["--ladder", "--workload", "cpu"])
     assert info.value.code == 2 and "cpu has no ladder" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(has_gpu()[0], reason="the CPU engines stand in only where there is no GPU")
+def test_without_a_gpu_the_cpu_workload_runs_each_stage_s_own_loop(capsys):
+    """`--workload cpu` on a CPU: a stage from 05 runs its CpuEngine (its loop over the numpy forward), so stage
+    loops compare on any machine; an earlier stage, and every other workload, is skipped with the reason."""
+    from common.bench.harness import engine_class, skip_reason
+
+    assert engine_class("05", "cpu").__name__ == "CpuEngine" and skip_reason("09", "cpu") is None
+    assert skip_reason("04", "cpu").startswith("skipped: it needs a GPU")
+    assert skip_reason("09", "ragged").startswith("skipped: it needs a GPU")
+
+
+def test_an_unknown_engine_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--stages", "05,99", "--workload", "cpu"])
+    assert info.value.code == 2 and "--stages: no stage or baseline '99'" in capsys.readouterr().err

@@ -65,3 +65,18 @@ def test_check_names_a_request_short_of_its_tokens():
 
     short = [StreamResult(200, completion_tokens=p.max_tokens - 1, finish_reason="length") for p in planned]
     assert [w.split(":")[0] for w in check(planned, short)] == ["request 0", "request 1"]
+
+
+def test_without_a_gpu_a_run_of_the_1b_is_refused_in_one_line(capsys):
+    """It wrote the 1B's 2.47 GB of synthetic weights and then failed with a traceback: now it says at once what
+    runs on a CPU. A stage that does not exist is one line too."""
+    from common.bench.serving import main
+    from common.device import has_gpu
+
+    if has_gpu()[0]:
+        pytest.skip("a GPU serves the 1B")
+    for argv, says in ((["--stage", "05", "--fault"], "use --model tiny --workload cpu"),
+                       (["--stage", "99", "--model", "tiny", "--workload", "cpu"], "--stage: no stage or baseline")):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2 and says in capsys.readouterr().err

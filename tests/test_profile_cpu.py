@@ -201,3 +201,17 @@ def test_each_engine_gets_its_batch_size_under_the_name_it_takes():
     with pytest.raises(SystemExit, match="no enforce_eager"):
         engine_kwargs("s", engines["05"], 1, 2048, True)
     assert engine_kwargs("s", engines["10"], 1, 2048, True)["enforce_eager"] is True
+
+
+def test_without_a_gpu_the_profile_says_so_in_one_line(capsys):
+    """It needs the GPU's kernels: without a GPU it says so (and what profiles the host instead) before it writes
+    any checkpoint; a stage that does not exist is one line too."""
+    from common.bench.profile import main
+    from common.device import has_gpu
+
+    if has_gpu()[0]:
+        pytest.skip("a GPU runs the profile")
+    for argv, says in ((["--stage", "10"], "no GPU"), (["--stage", "99"], "--stage 99: no such stage")):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2 and says in capsys.readouterr().err

@@ -89,12 +89,25 @@ def run_figures(run: dict, workload: str) -> str:
     return ", ".join(f"{k} {run[k]:.4g}" for k in keys)
 
 
-def build_engine(tag: str, model: str, **kwargs):
-    """The engine of a stage or baseline, given only the keyword arguments its constructor takes."""
+def engine_class(tag: str, workload: str | None = None):
+    """The class the harness builds for a stage or baseline: its Engine, or, for the `cpu` workload on a machine
+    without a GPU, a stage's CpuEngine (its own loop over the numpy forward, cpu_engine.py, stage05 on)."""
+    from common.device import has_gpu
+
     spec = engine_spec(tag)
-    cls = importlib.import_module(spec.module).Engine
+    if workload == "cpu" and tag not in BASELINES and not has_gpu()[0]:
+        try:
+            return importlib.import_module(f"{spec.module}.cpu_engine").CpuEngine
+        except ModuleNotFoundError:                  # a stage before 05: no loop of its own without a GPU
+            pass
+    return importlib.import_module(spec.module).Engine
+
+
+def build_engine(tag: str, model: str, workload: str | None = None, **kwargs):
+    """The engine of a stage or baseline, given only the keyword arguments its constructor takes."""
+    cls = engine_class(tag, workload)
     accepted = inspect.signature(cls).parameters
-    return cls(model, **spec.kwargs, **{k: v for k, v in kwargs.items() if k in accepted})
+    return cls(model, **engine_spec(tag).kwargs, **{k: v for k, v in kwargs.items() if k in accepted})
 
 
 def kv_budget(tag: str, model: str, max_model_len: int, gib: float) -> dict:
@@ -136,7 +149,7 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
     # `batch` asks for all its requests at once (max_num_seqs 256, vLLM's default)
     seqs = {"long": 1, "batch": w.requests}.get(workload)
     try:
-        engine = build_engine(tag, model, max_model_len=max_model_len,
+        engine = build_engine(tag, model, workload, max_model_len=max_model_len,
                               **kv_budget(tag, model, max_model_len, kv_cache_gib)
                               | ({"max_batch_size": seqs, "max_num_seqs": seqs} if seqs else {}))
     except (MemoryError, PromptError) as e:   # GpuMemoryError, max_model_len past the model's: cannot hold it
@@ -217,15 +230,19 @@ def engine_spec(tag: str) -> EngineSpec:
     return BASELINES.get(tag) or EngineSpec(stage_module(tag))
 
 
+class UnknownEngine(ValueError):
+    """A --stages entry that is neither a stage number nor a baseline's tag."""
+
+
 def stage_module(tag: str) -> str:
-    """"01" -> "stage01_loading"; a baseline's tag -> its module."""
+    """"01" -> "stage01_loading"; a baseline's tag -> its module. UnknownEngine for anything else."""
     if tag in BASELINES:
         return BASELINES[tag].module
     root = Path(__file__).resolve().parents[2]
     found = sorted(p.name for p in root.glob(f"stage{int(tag):02d}_*") if (p / "__init__.py").exists()) \
         if tag.isdigit() else []
     if not found:
-        raise SystemExit(f"no stage or baseline {tag!r} in {root} (baselines: {', '.join(BASELINES)})")
+        raise UnknownEngine(f"no stage or baseline {tag!r} in {root} (baselines: {', '.join(BASELINES)})")
     return found[0]
 
 
@@ -242,12 +259,14 @@ def engine_name(tag: str) -> str:
     return tag if tag in BASELINES else stage_module(tag)
 
 
-def skip_reason(tag: str) -> str | None:
-    """Why an engine cannot run on this machine at all, or None."""
+def skip_reason(tag: str, workload: str | None = None) -> str | None:
+    """Why an engine cannot run this workload on this machine, or None."""
     from common.device import has_gpu
 
     ok, why = has_gpu()
-    return None if ok or not engine_spec(tag).gpu else f"skipped: it needs a GPU ({why})"
+    if ok or not engine_spec(tag).gpu or engine_class(tag, workload).__name__ == "CpuEngine":
+        return None
+    return f"skipped: it needs a GPU ({why})"
 
 
 class Progress:
@@ -311,12 +330,15 @@ def main(argv=None) -> int:
                     help="comma-separated stage numbers, e.g. 02,03, and baselines: " + ", ".join(BASELINES))
     ap.add_argument("--ladder", action="store_true",
                     help="every stage that runs the workload and its baselines, in one run (workloads.LADDERS)")
-    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="load")
-    ap.add_argument("--model", default="llama-3.2-1b")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="load",
+                    help="the requests (common/bench/workloads.py; default: %(default)s; cpu: stages' own loops on "
+                         "the tiny preset where there is no GPU)")
+    ap.add_argument("--model", default="llama-3.2-1b", help="a preset or checkpoint folder (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per process (at least 3 for a figure)")
     ap.add_argument("--processes", type=int, default=1,
                     help="fresh processes per engine, in alternating order; their runs are pooled")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                    help="where the result file goes (default: %(default)s)")
     ap.add_argument("--lengths", default=",".join(map(str, LONG_LENGTHS)),
                     help="`long`: the prompt lengths, comma-separated")
     ap.add_argument("--budget-s", type=float, default=0.0,
@@ -347,9 +369,12 @@ def main(argv=None) -> int:
         print(f"{a.workload} ladder: {a.stages}; left out: {LADDERS[a.workload].left_out}", file=sys.stderr)
     a.started = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S")
     tags = a.stages.split(",")
-    names = {t: engine_name(t) for t in tags}
+    try:
+        names = {t: engine_name(t) for t in tags}
+    except UnknownEngine as e:
+        ap.error(f"--stages: {e}")
     raw: dict[str, list[dict]] = {names[t]: [] for t in tags}
-    skipped = {names[t]: why for t in tags if (why := skip_reason(t))}
+    skipped = {names[t]: why for t in tags if (why := skip_reason(t, a.workload))}
     for name, why in skipped.items():
         print(f"{name}: {why}")
     lengths = tuple(int(n) for n in a.lengths.split(",")) if a.workload == "long" else (None,)

@@ -85,7 +85,10 @@ def build(stage: str, batch: int, free_runner: bool, model: str):
     no GPU) its CPU engine; with free_runner its runner replaced by one that costs nothing."""
     from common.device import has_gpu
 
-    gpu = has_gpu()[0]
+    gpu, why = has_gpu()
+    if not gpu and not free_runner:
+        print(f"no GPU ({why}): the stage's CPU engine on tiny, with a runner that costs nothing (the loop alone)",
+              file=sys.stderr)
     module = importlib.import_module(f"{stage}.engine" if gpu else f"{stage}.cpu_engine")
     cls = module.Engine if gpu else module.CpuEngine
     kwargs = {"max_model_len": 2048, "max_num_seqs": batch}

@@ -389,20 +389,28 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--stage", required=True, help="two digits: the stage folder stageNN_*")
     ap.add_argument("--workload", choices=["latency"], default="latency", help="latency: batch 1")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1, help="sequences decoding at once (default: %(default)s)")
     ap.add_argument("--cache-length", type=int, default=256, help="prompt tokens of each request")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=30, help="decode steps recorded (default: %(default)s)")
     ap.add_argument("--enforce-eager", action="store_true", help="a stage with CUDA graphs, without them")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                    help="where the profile's JSON goes (default: %(default)s)")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[2]
-    found = sorted(p.name for p in root.glob(f"stage{int(args.stage):02d}_*") if (p / "__init__.py").exists())
+    found = sorted(p.name for p in root.glob(f"stage{int(args.stage):02d}_*") if (p / "__init__.py").exists()) \
+        if args.stage.isdigit() else []
     if not found:
-        raise SystemExit(f"no stage {args.stage} in {root}")
+        ap.error(f"--stage {args.stage}: no such stage in {root}")
+    from common.device import has_gpu
+
+    ok, why = has_gpu()
+    if not ok:
+        ap.error(f"no GPU ({why}): the profile records the GPU's kernels (CUPTI); on a CPU, "
+                 "`python -m common.bench.host_profile --free-runner` profiles the loop's host work")
     try:
         import cupti  # noqa: F401
     except ImportError:
-        raise SystemExit("common.profile needs NVIDIA's cupti-python (pip install cupti-python)") from None
+        ap.error("it needs NVIDIA's cupti-python: pip install -e \".[profile]\"")
     p = profile(found[0], args.batch, args.cache_length, args.steps, args.enforce_eager)
     print(format_profile(p))
     args.out.mkdir(parents=True, exist_ok=True)

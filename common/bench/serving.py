@@ -38,10 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
-from common.bench.harness import environment, run_worker, stage_module
 from common.bench.client import StreamResult, post_stream
-from common.serve.metrics import read_metric
+from common.bench.harness import UnknownEngine, environment, run_worker, stage_module
 from common.bench.workloads import WORKLOADS, make_requests
+from common.device import has_gpu
+from common.serve.metrics import read_metric
+
+SERVED = sorted(name for name, w in WORKLOADS.items() if w.requests)   # not `load`: it has no requests
 
 DISCONNECT_SHARE, MALFORMED_SHARE = 0.20, 0.05
 IDLE_METRICS = ("tiny_vllm:num_requests_running", "tiny_vllm:num_requests_waiting", "tiny_vllm:kv_cache_usage_perc")
@@ -249,12 +252,14 @@ def median_of(runs: list[dict], key: str) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.bench_serving", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--stage", default="05")
-    ap.add_argument("--model", default="llama-3.2-1b")
-    ap.add_argument("--workload", default="ragged", choices=sorted(WORKLOADS))
-    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--stage", default="05", help="the stage served, from 05 on (default: %(default)s)")
+    ap.add_argument("--model", default="llama-3.2-1b", help="a preset or checkpoint folder (default: %(default)s)")
+    ap.add_argument("--workload", default="ragged", choices=SERVED,
+                    help="the requests (common/bench/workloads.py; default: %(default)s; cpu: the tiny preset "
+                         "where there is no GPU)")
+    ap.add_argument("--concurrency", type=int, default=256, help="clients at once (default: %(default)s)")
     ap.add_argument("--request-rate", type=float, default=float("inf"), help="requests per second (inf: at once)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs (default: %(default)s)")
     ap.add_argument("--fault", action="store_true", help="and a run with disconnects and malformed requests")
     ap.add_argument("--no-direct", action="store_true", help="skip the engine-direct run")
     ap.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
@@ -263,13 +268,21 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-huge-prompt", type=float, metavar="MB",
                     help="instead of the load runs: the largest gap a stream sees while a prompt of MB megabytes "
                          "arrives, --repeats times")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                    help="where the result file and the server's log go (default: %(default)s)")
     a = ap.parse_args(argv)
     w = WORKLOADS[a.workload]
+    ok, why = has_gpu()
+    if not ok and (a.model != "tiny" or (a.workload != "cpu" and a.probe_huge_prompt is None)):
+        ap.error(f"no GPU ({why}): without one the server serves the tiny preset over a stage's own loop; "
+                 "use --model tiny --workload cpu")
+    try:
+        stage = stage_module(a.stage)
+    except UnknownEngine as e:
+        ap.error(f"--stage: {e}")
     if a.probe_huge_prompt is not None:
         return probe_main(a, w.max_model_len)
     started = datetime.datetime.now(datetime.timezone.utc)
-    stage = stage_module(a.stage)
     record = {"workload": f"serving-{a.workload}", "model": a.model, "stage": stage,
               "date": started.date().isoformat(), "time": started.strftime("%H:%M:%S"),
               "environment": environment(), "concurrency": a.concurrency, "request_rate": a.request_rate,

@@ -44,9 +44,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", help="a checkpoint folder or a preset name (default: llama-3.2-1b on a GPU, tiny "
                                     "without one)")
     ap.add_argument("--served-model-name", help="the name clients send as `model` (default: --model)")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--max-model-len", type=int)
+    ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: %(default)s)")
+    ap.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
+    ap.add_argument("--max-model-len", type=int,
+                    help="the longest prompt plus output (default: the model's, at most 4096)")
     engine = ap.add_argument_group("engine options (vLLM's names; a stage that does not take one refuses it)")
     engine.add_argument("--max-num-seqs", type=int, help="sequences running at once (seq_slots)")
     engine.add_argument("--max-num-batched-tokens", type=int, help="rows of one forward: the token budget")

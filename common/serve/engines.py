@@ -50,11 +50,11 @@ def engine_class(stage: str | None, gpu: bool = True) -> tuple[type, str]:
 def check_stage(stage: str) -> str:
     """The module of stage NN, which must exist and have the step API (checked on any machine: a CPU serves the
     same --stage values a GPU does)."""
-    from common.bench.harness import BASELINES, stage_module
+    from common.bench.harness import BASELINES, UnknownEngine, stage_module
 
     try:
         name = stage_module(stage) if stage not in BASELINES else None
-    except SystemExit:                       # no such stage folder
+    except UnknownEngine:                    # no such stage folder
         name = None
     if name is None:
         raise EngineOptionError(f"--stage {stage}: no such stage (stage numbers from 05 on, e.g. --stage 05)")
