@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -70,6 +71,14 @@ def init_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> 
     return rng.standard_normal(shape, dtype=np.float32) / np.float32(np.sqrt(shape[1]))
 
 
+def _readable_as_umask_allows(path: Path) -> None:
+    """safetensors writes its file owner-only (0600); a shared $TINY_VLLM_CACHE needs the mode every other file of
+    the folder gets, 0666 less the umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def write_checkpoint(cfg: LlamaConfig, out: str | Path, seed: int = 0, shards: int = 1,
                      tokenizer: str | Path | None = None) -> Path:
     """Write a full checkpoint folder; returns it. Written into a temporary folder and renamed at the end,
@@ -91,6 +100,7 @@ def write_checkpoint(cfg: LlamaConfig, out: str | Path, seed: int = 0, shards: i
         specs = {n: TensorSpec(dtype="bfloat16", shape=list(a.shape), data_ptr=a.ctypes.data, data_len=a.nbytes)
                  for n, a in data.items()}
         serialize_file(specs, str(tmp / file), metadata={"format": "pt"})
+        _readable_as_umask_allows(tmp / file)
         for n, a in data.items():
             weight_map[n] = file
             total += a.nbytes

@@ -39,7 +39,8 @@ PRE_SPLIT = {"profiles": ("NVIDIA-H200_2026-12-04_profile-07-b1_143202.json",
 
 def _not_measured(what: str, parts: str, env: str = "") -> str:
     return (f"{what}: not measured yet. `{env + ' ' if env else ''}bash scripts/gpu_check.sh LOGS {parts}` measures "
-            "it on a GPU; its JSON files go into `benchmarks/results/`, and this table reads them from there.")
+            "it on a GPU, writing its JSON files into the folder LOGS; copied into `benchmarks/results/` and "
+            "committed, they fill this table.")
 
 
 def _profiles(stage: str) -> list[dict]:
@@ -168,7 +169,8 @@ def step_split() -> str:
 
 def pre_split() -> str:
     """The pre-split tree's first H200 runs (PRE_SPLIT): its profiles with and without graphs beside the previous
-    stage's, and the latency run of the same minutes. common.course.results.load shows that tree as the stage it became."""
+    stage's, and the latency run of the same minutes. common.course.results.load shows that tree as the stage it
+    became."""
     profiles = [results.load(RESULTS / name) for name in PRE_SPLIT["profiles"]]
     labels = [_label(profiles[0]), "pre-split tree, enforce_eager", "pre-split tree, graphs"]
     r = results.load(RESULTS / PRE_SPLIT["latency"])

@@ -109,8 +109,10 @@ def placeholder_timeline() -> str:
 
     launches = [sum(1 for plan, *_ in run if plan.chunks) for run in (sync, calls)]
     rows = [sum(plan.num_rows for plan, *_ in run) for run in (sync, calls)]
-    lines += ["", f"The same requests run in turn (`async_scheduling=False`) take {launches[0]} steps of {rows[0]} "
-              f"rows, C admitted at step {admitted(sync)}; here {launches[1]} steps of {rows[1]} rows, C admitted at "
+    lines += ["", f"The same requests run in turn (`async_scheduling=False`) take {launches[0]} launched steps of "
+              f"{rows[0]} rows, C admitted at step {admitted(sync)}; here {launches[1]} launched steps of {rows[1]} "
+              f"rows ({len(calls)} `step()` calls: the last launches nothing and records the one before), C admitted "
+              "at "
               f"step {admitted(calls)}, and the row{'s' * (len(wasted) > 1)} "
               + ", ".join(f"{c.seq.request_id}@{c.start}" for c in wasted) + " computed for nothing."]
     return "\n".join(lines)
@@ -149,8 +151,8 @@ def step_split() -> str:
     runs = pytest_bench(f"pytest-bench-step-{NN}")
     if not runs:
         return (f"The decode step's split on this stage's tree: not measured yet. `bash scripts/gpu_check.sh LOGS "
-                f"bench{NN}` measures it on a GPU; its JSON file (`*_pytest-bench-step-{NN}.json`) goes into "
-                "`benchmarks/results/`, and this table reads it from there.")
+                f"bench{NN}` measures it on a GPU, writing `*_pytest-bench-step-{NN}.json` into the folder LOGS; "
+                "copied into `benchmarks/results/` and committed, it fills this table.")
     lines = []
     for date, gpu, b in runs:
         lines += [f"Measured {date} on {gpu}, this stage's tree ({SPLIT_HOW}):", "", *_split_table(b), ""]
@@ -220,8 +222,8 @@ def against_previous() -> str:
                "bash scripts/gpu_check.sh LOGS latency,batch,ragged`")
     if not runs:
         return (f"This stage against stage{PREV_NN}: not measured yet. {command} measures it on a GPU (one harness "
-                "run a workload, 3 repeats each); its JSON files go into `benchmarks/results/`, and this table reads "
-                "them from there.")
+                "run a workload, 3 repeats each), writing its JSON files into the folder LOGS; copied into "
+                "`benchmarks/results/` and committed, they fill this table.")
     rows = [f"| workload | figure | run | `{PREVIOUS}` | `{HERE.name}` | stage{NN} against stage{PREV_NN} |",
             "|" + " --- |" * 6]
     for workload, label, key, lower in FIGURES:

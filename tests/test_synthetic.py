@@ -77,3 +77,15 @@ def test_a_mistyped_preset_is_refused_naming_the_presets(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match=r"^tinny: no such checkpoint folder, nor a preset \(tiny, small, "):
         resolve_model("tinny")
     assert resolve_model(tmp_path / "any" / "path") == tmp_path / "any" / "path"   # a path: Checkpoint says more
+
+
+def test_the_weights_file_is_as_readable_as_the_folder_s_other_files(tmp_path):
+    """safetensors wrote model.safetensors owner-only (0600) beside 0644 files: a cache shared through
+    $TINY_VLLM_CACHE could not be read by another user."""
+    import stat
+
+    from common.synthetic import PRESETS, write_checkpoint
+
+    out = write_checkpoint(PRESETS["tiny"], tmp_path / "ckpt")
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"], modes

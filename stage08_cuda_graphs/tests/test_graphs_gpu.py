@@ -125,7 +125,8 @@ def test_a_replay_follows_the_step_s_split_of_the_keys(engine):
 
 def test_graphs_and_enforce_eager_give_the_same_tokens_through_joins_aborts_and_preemption(tiny_dir, engine):
     """40 requests arriving three a step into 8 seq_slots and a pool of 24 blocks (preemption), two aborted
-    mid-way: with graphs and with enforce_eager, every other request gets the same tokens (greedy and seeded), and with graphs most steps replayed a graph."""
+    mid-way: with graphs and with enforce_eager, every other request gets the same tokens (greedy and seeded), and
+    with graphs most steps replayed a graph."""
     from .. import Engine
 
     rng = np.random.default_rng(3)
