@@ -403,8 +403,8 @@ def main(argv=None) -> int:
               f"{env['copy_bandwidth_gb_per_s']:.0f} GB/s = {weights / env['copy_bandwidth_gb_per_s'] / 1e6:.3f} ms")
     for name, s in summary.items():
         if "warmup_s" in s:
-            print(f"{name}: warm-up {s['warmup_s']:.1f} s (kernel compiles; hf-compile: torch.compile and graph "
-                  "capture), outside every figure")
+            print(f"{name}: warm-up {s['warmup_s']:.1f} s (what an engine compiles, captures or times on its "
+                  "first requests; hf-compile: torch.compile), outside every figure")
         for k, why in s.items():
             if k.startswith("unsupported_at_"):
                 print(f"{name}: {k[len('unsupported_at_'):]} tokens unsupported: {why}")
