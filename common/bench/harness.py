@@ -43,12 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
-from common.bench.table import format_table, merge, spread_warnings, summarise
-from common.checkpoint import Checkpoint
 from common.bench.measure import device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up, waste
+from common.bench.table import format_table, merge, spread_warnings, summarise
+from common.bench.workloads import BATCH_SIZES, LADDERS, LONG_LENGTHS, WORKLOADS, Workload, make_requests
+from common.checkpoint import Checkpoint
 from common.prompts import PromptError
 from common.synthetic import resolve_model
-from common.bench.workloads import BATCH_SIZES, LADDERS, LONG_LENGTHS, WORKLOADS, Workload, make_requests
 
 
 @dataclass(frozen=True)
