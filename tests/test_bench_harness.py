@@ -147,7 +147,7 @@ def test_a_ladder_is_every_stage_from_its_first_then_its_baselines():
         tags = ladder_stages(name).split(",")
         assert tags == [s for s in stages if int(s) >= ladder.first_stage] + list(ladder.baselines), name
         assert ladder.left_out, name                                # it says what it leaves out
-    assert ladder_stages("ragged").split(",")[:2] == ["04", "05"] and "hf-cb" in ladder_stages("ragged")
+    assert ladder_stages("ragged").split(",")[:2] == ["04", "05"] and "hf-sdpa" in ladder_stages("batch")
     assert "10" in ladder_stages("latency").split(",")                 # the newest stage is on every ladder
 
 

@@ -146,14 +146,14 @@ def main(argv=None) -> int:
     listing = io.StringIO()
     pstats.Stats(r["profiler"], stream=listing).sort_stats("tottime").print_stats(40 if a.out else 15)
     runner = type(engine.llm.runner.runner).__name__
-    print(f"{found[0]}, {a.batch} sequences decoding, {'text' if a.text else 'token ids'}, runner {runner}: "
-          f"medians of {a.steps} steps without the profiler")
-    print(f"  step wall {r['wall_ms']:.2f} ms; the runner's launch/run {r['runner_ms']:.2f} ms a step; the loop's "
-          f"host time (host_s) {r['loop_host_ms']:.2f} ms a step")
-    print(listing.getvalue())
+    summary = (f"{found[0]}, {a.batch} sequences decoding, {'text' if a.text else 'token ids'}, runner {runner}: "
+               f"medians of {a.steps} steps without the profiler\n"
+               f"  step wall {r['wall_ms']:.2f} ms; the runner's launch/run {r['runner_ms']:.2f} ms a step; the "
+               f"loop's host time (host_s) {r['loop_host_ms']:.2f} ms a step\n")
+    print(summary + listing.getvalue())
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(listing.getvalue())
+        a.out.write_text(summary + listing.getvalue())
     return 0
 
 

@@ -80,12 +80,14 @@ LADDERS = {
     "load": Ladder(1, (), "none"),
     "latency": Ladder(2, ("hf", "hf-compile"), "stage01 (it generates nothing); hf-sdpa and hf-cb (at batch 1 "
                       "they are hf with another attention, and hf-compile is what a user would pick there)"),
-    "batch": Ladder(4, ("hf-sdpa", "hf-cb"), "stages 02 and 03 (one sequence at a time: the 489 requests of a "
-                    "repeat, B = 1 .. 256, would take stage03 over 3 minutes, stage02 far longer); hf and "
-                    "hf-compile (one request at a time too)"),
-    "ragged": Ladder(4, ("hf-cb",), "stages 02 and 03 (one sequence at a time); hf-sdpa (256 requests "
-                     "left-padded into one batch: about 80 s a repeat at 1,832 tok/s, most of the command; hf-cb "
-                     "is transformers' own way to serve many requests); hf and hf-compile (one at a time)"),
+    "batch": Ladder(4, ("hf-sdpa",), "stages 02 and 03 (one sequence at a time: the 489 requests of a repeat, "
+                    "B = 1 .. 256, would take stage03 over 3 minutes, stage02 far longer); hf and hf-compile (one "
+                    "request at a time too); hf-cb (on ragged it made 862 tok/s, 2026-12-05: run it alone, "
+                    "--stages hf-cb --repeats 1)"),
+    "ragged": Ladder(4, (), "stages 02 and 03 (one sequence at a time); hf-sdpa (256 requests left-padded into "
+                     "one batch: about 80 s a repeat at 1,832 tok/s) and hf-cb (862 tok/s, 2026-12-05: about 170 s "
+                     "a repeat), which would not fit the command: run them alone, --stages hf-cb --repeats 1; hf "
+                     "and hf-compile (one request at a time)"),
     "long": Ladder(6, ("hf-sdpa",), "stages 02 to 05 (their attention materialises the scores: about a minute "
                    "a 32K prefill, 4 of them an engine; stage06's chapter compares them at every length); hf and "
                    "hf-compile (hf-sdpa is the transformers attention a user would pick for long prompts)"),
