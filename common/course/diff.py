@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
-from common.bench.harness import stage_module
+from common.bench.harness import UnknownEngine, stage_module
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHES = {"__pycache__", ".pytest_cache", ".benchmarks"}
@@ -187,7 +187,7 @@ def stage_dir(tag: str) -> Path:
         raise SystemExit(f"common.diff: {tag!r} is not a stage number ({known})")
     try:
         return ROOT / stage_module(tag)
-    except SystemExit:
+    except UnknownEngine:
         raise SystemExit(f"common.diff: no stage {tag} ({known})") from None
 
 

@@ -23,7 +23,7 @@ DEFAULT_MAX_TOKENS = 16          # OpenAI's and vLLM's default for /v1/completio
 
 # field -> (the values that change nothing, why another is refused)
 NEUTRAL_ONLY: dict[str, tuple[tuple, str]] = {
-    "n": ((None, 1), "one choice per request"),
+    "n": ((None, 1), "only n=1 (one choice per request)"),
     "best_of": ((None, 1), "one candidate per request"),
     "logprobs": ((None, False, 0), "this engine returns no log probabilities"),
     "top_logprobs": ((None, 0), "this engine returns no log probabilities"),
