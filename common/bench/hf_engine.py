@@ -5,8 +5,10 @@
     hf-compile  sdpa + StaticCache + torch.compile(mode="reduce-overhead"): the decode step is compiled and
                 replayed as a CUDA graph (transformers' own `cache_implementation="static"` path); batch 1
     hf-cb       transformers' own continuous batching (its ContinuousBatchingManager, as `generate_batch` uses
-                it: a paged KV cache, requests joining and leaving every step, CUDA graphs as its defaults
-                capture them), each request with its own max_tokens
+                it: a paged KV cache, requests joining and leaving every step), each request with its own
+                max_tokens, on its defaults: with sdpa attention (flash attention is not on the H200's image)
+                they capture no CUDA graphs and take no decode fast path, which need an attention without a
+                mask (transformers 5.17's continuous_batching/initialization.py)
 
 `python -m common.bench --stages hf,hf-compile,04 --workload latency`. Needs torch with CUDA and transformers
 (the `ref` extra); `device="cpu"` exists for the CPU tests only. It loads the same checkpoint folder as the stages.
