@@ -2,7 +2,7 @@
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
 # $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench10 (pytest-benchmark files), profile
 # (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
-# B = 256, cProfile; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
+# B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
 # ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k,
 # ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and
 # max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default; longer than one 10-minute
@@ -102,10 +102,13 @@ want serve && run serve-ragged python3 -m common.bench_serving --stage ${SERVE_S
 want serve-rate && run serve-ragged-rate python3 -m common.bench_serving --stage ${SERVE_STAGE:-05} --no-direct \
     --request-rate ${SERVE_RATE:-16} ${SERVE_ARGS:-} --out "$logs"
 # where the host's time goes in a decode step of 256 sequences: cProfile over step(), the runner timed apart
+# (token ids, as the server asks; and streamed text, as generate() callers ask)
 if want host-profile; then
   for st in ${HOST_PROFILE_STAGES:-08 09 10}; do
     run "host-profile-$st" python3 -m common.bench.host_profile --stage "$st" --batch 256 \
         --out "$logs/host-profile-$st.txt"
+    run "host-profile-$st-text" python3 -m common.bench.host_profile --stage "$st" --batch 256 --text \
+        --out "$logs/host-profile-$st-text.txt"
   done
 fi
 # a ladder: every stage that runs the workload and its baselines in one run (the README's table and chart)

@@ -21,7 +21,6 @@ from common.bench.measure import gpu_and_host_ms
 from common.sampling import SamplingParams
 from common.bench.workloads import make_requests
 
-from .packing import pack
 
 ONE_B = "llama-3.2-1b"
 
@@ -105,7 +104,7 @@ def test_decode_step_split(benchmark, engine, B):
     engine.llm.scheduler.stats.host_s.clear()
     benchmark.pedantic(engine.step, rounds=20, warmup_rounds=3)
     host_loop_ms = 1e3 * statistics.median(engine.llm.scheduler.stats.host_s)
-    x = pack(engine.llm.scheduler.schedule(), engine.max_model_len, engine.block_size)   # planned, not updated
+    x = engine.llm.scheduler.batch.prepare(engine.llm.scheduler.schedule())   # planned, not advanced
     assert len(x.logit_rows) == B == x.num_rows
     model = engine.model
     inputs = model.upload_step(x)

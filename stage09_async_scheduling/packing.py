@@ -23,16 +23,20 @@ carries everything the kernels need to treat it alone, because neighbouring rows
                        step before's sampled ids, which stay on the GPU; -1 for a row whose token is in tokens
                        (0 where it is not). None: every token is in tokens
 
-Plain numpy: tested on the CPU (tests/test_packing_cpu.py).
+pack() builds them from scratch, a Python loop over the plan's chunks; the engine gathers the same arrays from the
+persistent batch (input_batch.py). Plain numpy: tested on the CPU (tests/test_packing_cpu.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .block_manager import blocks_for
-from .scheduler import SchedulerOutput
+
+if TYPE_CHECKING:                      # the scheduler's batch packs through StepInputs: no import at run time
+    from .scheduler import SchedulerOutput
 
 
 @dataclass
@@ -54,6 +58,9 @@ class StepInputs:
 
 
 def pack(plan: SchedulerOutput, max_model_len: int, block_size: int) -> StepInputs:
+    """The plan's rows packed from scratch, chunk by chunk from the Sequence objects: the definition. The engine
+    packs through its persistent batch (input_batch.InputBatch.prepare), which gives the same arrays without
+    walking every sequence; tests hold the two equal, and build steps from hand-made plans with this one."""
     table_width = blocks_for(max_model_len, block_size)     # the GPU's block tables: entries per seq_slot
     tokens, positions, seq_slots, slots, logit_rows, logit_seq_slots, counters, spans = [], [], [], [], [], [], [], []
     updates = []
@@ -83,17 +90,21 @@ def pack(plan: SchedulerOutput, max_model_len: int, block_size: int) -> StepInpu
             logit_rows.append(len(tokens) - 1)
             logit_seq_slots.append(s.seq_slot)
             counters.append(len(s.new))
-    tokens = np.array(tokens, np.int32)
-    pending = tokens < 0                # placeholders: the step before's sampled ids, still on the GPU
-    prev_rows = None
+    return with_prev_rows(StepInputs(
+        np.array(tokens, np.int32), np.array(positions, np.int32), np.array(slots, np.int32),
+        np.array(seq_slots, np.int32), np.array(logit_rows, np.int32), np.array(logit_seq_slots, np.int32),
+        np.array(counters, np.int32), np.array(spans, np.int32).reshape(-1, 4),
+        np.array(updates, np.int32).reshape(-1, 2)))
+
+
+def with_prev_rows(step: StepInputs) -> StepInputs:
+    """The step with its placeholder tokens (-1 - i: the step before's i-th sampled id, still on the GPU)
+    moved into prev_rows, and 0 in their place in tokens."""
+    pending = step.tokens < 0
     if pending.any():
-        prev_rows = np.where(pending, -1 - tokens, -1).astype(np.int32)
-        tokens[pending] = 0
-    return StepInputs(tokens, np.array(positions, np.int32), np.array(slots, np.int32),
-                      np.array(seq_slots, np.int32), np.array(logit_rows, np.int32),
-                      np.array(logit_seq_slots, np.int32), np.array(counters, np.int32),
-                      np.array(spans, np.int32).reshape(-1, 4), np.array(updates, np.int32).reshape(-1, 2),
-                      prev_rows)
+        step.prev_rows = np.where(pending, -1 - step.tokens, -1).astype(np.int32)
+        step.tokens[pending] = 0
+    return step
 
 
 def plan_attention(spans: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.ndarray]:

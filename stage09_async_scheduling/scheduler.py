@@ -36,12 +36,15 @@ preemption on a tiny pool.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable
+
+import numpy as np
 
 from .block_manager import BlockManager
+from .input_batch import InputBatch
 from .sequence import Sequence, SequenceStatus
 
 
@@ -59,19 +62,50 @@ class ScheduledChunk:
         return self.start + self.n == self.seq.length
 
 
-@dataclass
 class SchedulerOutput:
-    """One step's plan: chunks in the order their rows are packed (decode rows first)."""
+    """One step's plan, in the order its rows are packed: a decode row for each sequence of `decode` (their
+    seq_slots decode_slots, their positions decode_positions), then the prompt chunks of `prefill`. The sequences
+    it samples for: every decoding one, then each prompt chunk that ends at its sequence's newest token."""
 
-    chunks: list[ScheduledChunk]
+    def __init__(self, decode: list[Sequence], decode_slots: np.ndarray, decode_positions: np.ndarray,
+                 prefill: list[ScheduledChunk]):
+        self.decode, self.decode_slots, self.decode_positions, self.prefill = decode, decode_slots, decode_positions, prefill
+        self._last_chunks = last = [c for c in prefill if c.samples]
+        self.sampling_seqs = decode + [c.seq for c in last]
+        chunk_slots = np.array([c.seq.seq_slot for c in prefill], np.int64)
+        self.sampling_slots = np.concatenate([decode_slots, chunk_slots[[c.samples for c in prefill]]
+                                              if prefill else chunk_slots])
+        self.slots = np.concatenate([decode_slots, chunk_slots])      # every row's seq_slot, a chunk once
+        self.num_rows = len(decode) + sum(c.n for c in prefill)
+        self.live: np.ndarray | None = None    # advance(): which sampled sequences were still running then
+
+    @classmethod
+    def from_chunks(cls, chunks: list[ScheduledChunk]) -> SchedulerOutput:
+        """A plan written by hand (tests, the chapter's examples): its leading one-row chunks at their sequences'
+        newest token are the decode rows."""
+        k = 0
+        while k < len(chunks) and chunks[k].n == 1 and 0 < chunks[k].start == chunks[k].seq.length - 1:
+            k += 1
+        decode = [c.seq for c in chunks[:k]]
+        return cls(decode, np.array([s.seq_slot for s in decode], np.int64),
+                   np.array([c.start for c in chunks[:k]], np.int32), list(chunks[k:]))
+
+    def __bool__(self) -> bool:
+        return self.num_rows > 0
 
     @property
-    def num_rows(self) -> int:
-        return sum(c.n for c in self.chunks)
+    def admitted(self) -> list[Sequence]:
+        """Sequences (re)admitted by this schedule(): their first chunk starts at position 0."""
+        return [c.seq for c in self.prefill if c.start == 0]
 
-    @cached_property          # pack() and update() both read it; the plan does not change after schedule()
+    @cached_property
+    def chunks(self) -> list[ScheduledChunk]:
+        """Every row as chunks, decode rows first (what packing.pack() reads)."""
+        return [ScheduledChunk(s, p, 1) for s, p in zip(self.decode, self.decode_positions.tolist())] + self.prefill
+
+    @cached_property
     def sampling(self) -> list[ScheduledChunk]:
-        return [c for c in self.chunks if c.samples]
+        return self.chunks[:len(self.decode)] + self._last_chunks
 
 
 @dataclass
@@ -121,8 +155,7 @@ class SchedulerError(ValueError):
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, blocks: BlockManager,
-                 max_model_len: int | None = None):
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int, blocks: BlockManager, max_model_len: int):
         for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise SchedulerError(f"{name}={v!r} must be an integer >= 1")
@@ -130,11 +163,12 @@ class Scheduler:
             raise SchedulerError(f"max_num_batched_tokens={max_num_batched_tokens} must be >= max_num_seqs="
                                  f"{max_num_seqs}: each running sequence decodes one row per step")
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.max_model_len = max_model_len or 2**31      # a sequence this long has stopped ("length")
+        self.max_model_len = max_model_len               # a sequence this long has stopped ("length")
         self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []                        # in admission order
         self._free: list[int] = list(range(max_num_seqs))        # a heap: the lowest free seq_slot first
+        self.batch = InputBatch(max_num_seqs, self.max_model_len, blocks.block_size)   # the running ones' arrays
         self.stats = SchedulerStats()
 
     def add(self, seq: Sequence) -> None:
@@ -159,32 +193,41 @@ class Scheduler:
         return None
 
     def schedule(self) -> SchedulerOutput:
-        budget, blocks, bs = self.max_num_batched_tokens, self.blocks, self.blocks.block_size
-        chunks, preemptions_before, running = [], self.stats.preemptions, SequenceStatus.RUNNING
-        for s in list(self.running):                             # 1. decode rows (the list changes as we preempt)
-            if s.status is not running or s.prefilling:          # preempted by an older one, or prefilling
+        budget, blocks, bs, b = self.max_num_batched_tokens, self.blocks, self.blocks.block_size, self.batch
+        preemptions_before, running = self.stats.preemptions, SequenceStatus.RUNNING
+        run = b.running_slots()                                  # 1. decode rows, over the batch's arrays
+        left = b.length[run] - b.num_computed[run]               # rows still to run: 1 is a decode row
+        decode = run[(left == 1) & (b.length[run] < b.stop_length[run])]   # not one whose placeholder is its
+        full = decode[b.num_computed[decode] >= b.num_blocks[decode] * bs]  # last token (asynchronous scheduling)
+        for i in full.tolist():                                  # its last block is full: it needs one more
+            s = b.seqs[i]
+            if s is None:                                        # preempted by an older one
                 continue
-            if len(s.new) >= s.params.max_tokens or s.length >= self.max_model_len:   # its placeholder is its
-                continue                                         # last token (asynchronous scheduling)
             p = s.num_computed                                   # the row's position
-            if p >= len(s.block_table) * bs:                     # its last block is full: it needs one more
-                while not blocks.can_grow(s, p + 1) and self._preempt(self.running[-1]) is not s:
-                    pass
-                if s.status is not running:                      # it was the newest: preempted itself
-                    continue
-                blocks.grow(s, p + 1)
-            chunks.append(ScheduledChunk(s, p, 1))
-        decoding = len(chunks)
-        budget -= decoding
-        for s in list(self.running):                             # 2. prompt chunks of running sequences
-            if not budget or not s.prefilling or s.status is not SequenceStatus.RUNNING:
+            while not blocks.can_grow(s, p + 1) and self._preempt(self.running[-1]) is not s:
+                pass
+            if s.status is not running:                          # it was the newest: preempted itself
+                continue
+            blocks.grow(s, p + 1)
+            b.grew(s)
+        if len(full):
+            decode = decode[b.running[decode]]                   # without the preempted
+        decode_seqs = [b.seqs[i] for i in decode.tolist()]
+        budget -= len(decode)
+        prefill = []
+        for i in run[left > 1].tolist():                         # 2. prompt chunks of running sequences
+            s = b.seqs[i]
+            if not budget:
+                break
+            if s is None:                                        # preempted in 1.
                 continue
             n = self._fit(s, s.num_computed, budget)
-            while n == 0 and not chunks and self._preempt(self.running[-1]) is not s:
+            while n == 0 and not decode_seqs and not prefill and self._preempt(self.running[-1]) is not s:
                 n = self._fit(s, s.num_computed, budget)        # nothing planned yet: make room for the oldest
             if n:
                 blocks.grow(s, s.num_computed + n)
-                chunks.append(ScheduledChunk(s, s.num_computed, n))
+                b.grew(s)
+                prefill.append(ScheduledChunk(s, s.num_computed, n))
                 budget -= n
         preempted = self.stats.preemptions > preemptions_before  # then no admission: the victims go first
         while self.waiting and self._free and budget and not preempted:   # 3. admissions
@@ -198,16 +241,17 @@ class Scheduler:
             if s.timing.queue_s is None:                         # its first admission, not a readmission
                 s.timing.admit()
             self.running.append(s)
-            chunks.append(ScheduledChunk(s, 0, n))
+            b.admit(s)
+            prefill.append(ScheduledChunk(s, 0, n))
             budget -= n
         st, rows = self.stats, self.max_num_batched_tokens - budget
         st.steps += 1
         st.slot_steps_held += len(self.running)
         st.max_running = max(st.max_running, len(self.running))
         st.rows.append(rows)
-        st.decode_rows.append(decoding)
-        st.prefill_rows.append(rows - decoding)
-        return SchedulerOutput(chunks)
+        st.decode_rows.append(len(decode))
+        st.prefill_rows.append(rows - len(decode))
+        return SchedulerOutput(decode_seqs, decode, b.num_computed[decode], prefill)
 
     def _fit(self, s: Sequence, start: int, budget: int) -> int:
         """Rows from `start` that s could run now: up to the budget and its last token, within the blocks it
@@ -220,6 +264,7 @@ class Scheduler:
         prefilled again from position 0. Returns it."""
         self.running.remove(victim)
         heapq.heappush(self._free, victim.seq_slot)
+        self.batch.leave(victim)
         self.blocks.free(victim)
         victim.status, victim.seq_slot, victim.num_computed, victim.blocks_synced = SequenceStatus.WAITING, None, 0, 0
         victim.num_preemptions += 1
@@ -227,44 +272,57 @@ class Scheduler:
         self.waiting.appendleft(victim)
         return victim
 
-    def update(self, plan: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
-               ) -> list[Sequence]:
+    def update(self, plan: SchedulerOutput, sampled) -> list[Sequence]:
         """advance() and record() a step at once (the engine without asynchronous scheduling)."""
         self.advance(plan)
-        return self.record(plan, sampled, finish_reason)
+        return self.record(plan, sampled)
 
     def advance(self, plan: SchedulerOutput) -> None:
-        """The step is launched: every chunk's K/V count as cached, and each sequence of plan.sampling gets its
-        placeholder token, -1 - i for the i-th (the id the GPU samples for it, read back by record())."""
-        for c in plan.chunks:
-            if not c.seq.finished:             # aborted, or stopped, since schedule(): its rows are dropped
-                c.seq.num_computed += c.n
-        for i, c in enumerate(plan.sampling):
+        """The step is launched: every chunk's K/V count as cached, and each sequence of plan.sampling_seqs gets
+        its placeholder token, -1 - i for the i-th (the id the GPU samples for it, read back by record()). A
+        sequence that finished (aborted, or stopped) since schedule() is skipped: its rows are dropped."""
+        b = self.batch
+        b.advance(plan.decode_slots, plan.sampling_slots)         # the arrays, over the batch at once
+        plan.live = b.running[plan.sampling_slots]
+        for s, alive in zip(plan.decode, b.running[plan.decode_slots].tolist()):   # the records: one add each
+            if alive:
+                s.num_computed += 1
+        for c in plan.prefill:
             if not c.seq.finished:
-                c.seq.new.append(-1 - i)
+                c.seq.num_computed += c.n
+                b.num_computed[c.seq.seq_slot] += c.n
+        seqs = plan.sampling_seqs
+        for i in np.flatnonzero(plan.live).tolist():
+            seqs[i].new.append(-1 - i)
 
-    def record(self, plan: SchedulerOutput, sampled, finish_reason: Callable[[Sequence], str | None]
-               ) -> list[Sequence]:
-        """The advanced step's sampled ids, one per chunk of plan.sampling in that order, replace their
-        placeholders (each its sequence's newest token: the next step is advanced only after this). Returns the
-        sequences that got a token (finished ones included)."""
-        samplers = plan.sampling
-        if len(sampled) != len(samplers):
-            raise ValueError(f"{len(sampled)} sampled tokens for {len(samplers)} sampling rows")
-        advanced = []
-        for i, (c, token) in enumerate(zip(samplers, sampled.tolist() if hasattr(sampled, "tolist") else sampled)):
-            s = c.seq                          # plan.sampling keeps the chunks' order, so advanced does too
-            if s.finished:
-                continue
-            if s.new[-1] != -1 - i:
-                raise RuntimeError(f"request {s.request_id!r}: its newest token is {s.new[-1]}, not the placeholder "
-                                   f"{-1 - i} of the step being recorded")
-            s.new[-1] = token
-            s.timing.tick()
+    def record(self, plan: SchedulerOutput, sampled) -> list[Sequence]:
+        """The advanced step's sampled ids, one per sequence of plan.sampling_seqs in that order, replace their
+        placeholders (each its sequence's newest token: the next step is advanced only after this); the stop
+        checks run over the batch at once (InputBatch.finished), and a sequence that stops frees its seq_slot
+        and blocks. Returns the sequences that got a token (finished ones included), in plan order."""
+        seqs, b = plan.sampling_seqs, self.batch
+        if len(sampled) != len(seqs):
+            raise ValueError(f"{len(sampled)} sampled tokens for {len(seqs)} sampling rows")
+        if plan.live is None:
+            raise RuntimeError("record() of a step that was not advance()d")
+        ids = np.asarray(sampled, np.int32)
+        got = np.flatnonzero(plan.live)           # those running at advance(): a sequence preempted since keeps
+        slots = plan.sampling_slots[got]          # its row (no admission reuses a seq_slot in that schedule())
+        wrong = np.flatnonzero(b.in_flight[slots] != got)
+        if len(wrong):
+            s = seqs[got[wrong[0]]]
+            raise RuntimeError(f"request {s.request_id!r}: its newest token is not the placeholder "
+                               f"{-1 - got[wrong[0]]} of the step being recorded")
+        b.record(slots, ids[got])
+        now, tokens, advanced = time.perf_counter(), ids.tolist(), []
+        for i in got.tolist():                    # the records: each sequence's token, and when it came
+            s = seqs[i]
+            s.new[-1] = tokens[i]
+            s.timing.tick(now)
             advanced.append(s)
-            reason = finish_reason(s)
-            if reason is not None:
-                self._finish(s, reason)
+        for k in np.flatnonzero(b.finished(slots, ids[got])).tolist():
+            s = advanced[k]
+            self._finish(s, "stop" if s.new[-1] in s.stop else "length")
         self.stats.slot_steps_used += len(advanced)
         return advanced
 
@@ -272,6 +330,7 @@ class Scheduler:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             heapq.heappush(self._free, seq.seq_slot)
+            self.batch.leave(seq)
         elif seq in self.waiting:              # preempted while its token was on the GPU, then stopped on it
             self.waiting.remove(seq)
         self.blocks.free(seq)                  # a waiting sequence holds none (a preempted one gave them back)

@@ -41,7 +41,6 @@ from common.prompts import PromptError, PromptPreparer
 from common.sampling import SamplingParams
 
 from .block_manager import BlockManager, blocks_for
-from .packing import pack
 from .scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from .sequence import Sequence
 
@@ -86,6 +85,7 @@ class LLMEngine:
         self._auto_ids = itertools.count()
         self._live: dict = {}          # request id -> how step() reports it: its text stream (a DetokenizeStream),
         #                                FINAL_ONLY, or TOKEN_IDS (no text: the caller detokenises)
+        self._per_step = 0             # of which reported every step (not FINAL_ONLY)
         self.timings: list[Timing] = []   # generate() / stream(): each request's, in prompt order
 
     # ------------------------------------------------------------------ the step API
@@ -115,13 +115,14 @@ class LLMEngine:
                              "KV cache memory")
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         seq = Sequence(request_id, ids, params, self.prompts.stop_ids(params), seed, Timing(len(ids)))
-        self._live[request_id] = kind or self.tokenizer.stream()
+        self._live[request_id] = kind = kind or self.tokenizer.stream()
+        self._per_step += kind is not FINAL_ONLY
         self.scheduler.add(seq)
         return seq
 
     def abort_request(self, request_id) -> None:
         if self.scheduler.abort(request_id) is not None:
-            del self._live[request_id]
+            self._forget(request_id)
 
     def has_unfinished_requests(self) -> bool:
         """Requests waiting or running, or a step still to record (its requests may have stopped, but step()
@@ -142,11 +143,10 @@ class LLMEngine:
             self.scheduler.advance(self._in_flight.plan)   # placeholders, for schedule() to plan the rows after
         plan = self.scheduler.schedule()
         launched = None
-        if plan.chunks:
-            for c in plan.chunks:
-                if c.start == 0:                   # its first chunk: (re)admitted in this schedule()
-                    self.runner.admit(c.seq)
-            launched = Launched(plan, self.runner.launch(pack(plan, self.max_model_len, self.blocks.block_size)),
+        if plan:
+            for s in plan.admitted:                # (re)admitted in this schedule(): its parameters
+                self.runner.admit(s)
+            launched = Launched(plan, self.runner.launch(self.scheduler.batch.prepare(plan)),
                                 self.scheduler.stats.prefill_rows[-1])
         if self.async_scheduling:                  # record the step before while this one runs
             done, self._in_flight = self._in_flight, launched
@@ -174,19 +174,22 @@ class LLMEngine:
         return outs
 
     def _record(self, plan, sampled) -> list[RequestOutput]:
-        """Record a step's sampled ids and build its outputs."""
-        outs = []
-        for seq in self.scheduler.record(plan, sampled, self._finish_reason):
+        """Record a step's sampled ids and build the outputs its callers asked for: with only final-only
+        requests running (generate()), the finished ones alone."""
+        outs, advanced = [], self.scheduler.record(plan, sampled)
+        if self._per_step == 0:
+            advanced = [s for s in advanced if s.finish_reason is not None]
+        for seq in advanced:
             text = self._live[seq.request_id]
             if text is TOKEN_IDS:                  # the caller detokenises
                 if seq.finished:
-                    del self._live[seq.request_id]
+                    self._forget(seq.request_id)
                 outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, "", seq.finish_reason,
                                           [seq.new[-1]], ""))
                 continue
             if text is FINAL_ONLY:                 # nothing until it finishes, then all its text
                 if seq.finished:
-                    del self._live[seq.request_id]
+                    self._forget(seq.request_id)
                     text = self.tokenizer.decode(seq.new)
                     outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, text, seq.finish_reason,
                                               seq.new, text))
@@ -194,15 +197,17 @@ class LLMEngine:
             delta = text.step(seq.new[-1])
             if seq.finished:                       # the last delta flushes a held-back partial character
                 delta += text.finish(seq.new)
-                del self._live[seq.request_id]
+                self._forget(seq.request_id)
             # token_ids is the sequence's own list, which later steps extend (copy it to keep a snapshot): a copy
             # of every running request's tokens at every step is O(tokens) of host time the GPU would wait for
             outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, text.text, seq.finish_reason,
                                       [seq.new[-1]], delta))
         return outs
 
-    def _finish_reason(self, seq: Sequence) -> str | None:
-        return self.prompts.finish_reason(seq.new, seq.length, seq.params, seq.stop)
+    def _forget(self, request_id) -> None:
+        """The request is over: step() reports it no more."""
+        if self._live.pop(request_id) is not FINAL_ONLY:
+            self._per_step -= 1
 
     # ------------------------------------------------------------------ built on it
     def generate(self, prompts, params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:

@@ -48,7 +48,7 @@ def test_the_layout_packs_every_field_once_without_overlap(size):
 def test_a_decode_step_is_padded_with_rows_that_write_nowhere():
     a = decoding("a", 3, 6, [7, 2], synced=1)                 # decodes position 5, in its second block: unsent
     b = decoding("b", 0, 3, [4])
-    x = pack(SchedulerOutput([ScheduledChunk(a, 5, 1), ScheduledChunk(b, 2, 1)]), L, BS)
+    x = pack(SchedulerOutput.from_chunks([ScheduledChunk(a, 5, 1), ScheduledChunk(b, 2, 1)]), L, BS)
     assert is_decode_step(x)
     host = pack_decode(x, 4, keys_per_split=96)
     lay = decode_layout(4)
@@ -75,21 +75,21 @@ def test_a_token_still_on_the_gpu_is_named_by_its_sampled_row():
     its row's token is 0 and prev_rows points at that id, in the packed step and in the graph's layout."""
     a, b = decoding("a", 3, 6, [7, 2]), decoding("b", 0, 3, [4])
     b.new = [-3]
-    x = pack(SchedulerOutput([ScheduledChunk(a, 5, 1), ScheduledChunk(b, 2, 1)]), L, BS)
+    x = pack(SchedulerOutput.from_chunks([ScheduledChunk(a, 5, 1), ScheduledChunk(b, 2, 1)]), L, BS)
     assert x.tokens.tolist() == [102, 0] and x.prev_rows.tolist() == [-1, 2]
     host, (first, count) = pack_decode(x, 4, keys_per_split=96), decode_layout(4)["prev_rows"]
     assert host[first:first + count].tolist() == [-1, 2, -1, -1]
     b.new = [99]
-    assert pack(SchedulerOutput([ScheduledChunk(b, 2, 1)]), L, BS).prev_rows is None
+    assert pack(SchedulerOutput.from_chunks([ScheduledChunk(b, 2, 1)]), L, BS).prev_rows is None
 
 
 def test_a_step_with_a_prompt_chunk_is_not_a_decode_step():
     a = decoding("a", 0, 6, [7, 2])
     p = Sequence("p", [1, 2, 3, 4, 5], SamplingParams(max_tokens=5), frozenset(), 0, Timing(5))
     p.seq_slot, p.block_table = 1, [5, 6]
-    assert not is_decode_step(pack(SchedulerOutput([ScheduledChunk(a, 5, 1), ScheduledChunk(p, 0, 5)]), L, BS))
+    assert not is_decode_step(pack(SchedulerOutput.from_chunks([ScheduledChunk(a, 5, 1), ScheduledChunk(p, 0, 5)]), L, BS))
     # a one-row chunk in the middle of a prompt samples nothing: not a decode row either
-    assert not is_decode_step(pack(SchedulerOutput([ScheduledChunk(a, 5, 1), ScheduledChunk(p, 0, 1)]), L, BS))
+    assert not is_decode_step(pack(SchedulerOutput.from_chunks([ScheduledChunk(a, 5, 1), ScheduledChunk(p, 0, 1)]), L, BS))
 
 
 @pytest.mark.parametrize("max_model_len", [16, 300, 2048, 3000, 4096, 131072])

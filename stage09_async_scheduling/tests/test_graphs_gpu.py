@@ -11,7 +11,6 @@ from common.sampling import SamplingParams
 from common.testing import rel_l2
 
 from ..graphs import decode_layout, pack_decode
-from ..packing import pack
 
 pytestmark = pytest.mark.gpu
 MAX_NUM_SEQS = 64
@@ -37,7 +36,7 @@ def planned_decode_step(engine, R, seed, lengths=(1, 60)):
     sched = engine.llm.scheduler
     while sched.waiting or any(s.prefilling for s in sched.running):
         engine.step()
-    return pack(sched.schedule(), engine.max_model_len, engine.block_size)
+    return sched.batch.prepare(sched.schedule())
 
 
 def abort_all(engine):

@@ -12,7 +12,6 @@ from common.testing import rel_l2
 
 from ..graphs import GEMV_GAIN, decode_layout, pack_decode
 from ..kernels import GEMV_COLUMN_WARPS
-from ..packing import pack
 
 pytestmark = pytest.mark.gpu
 MAX_NUM_SEQS = 64
@@ -38,7 +37,7 @@ def planned_decode_step(engine, R, seed, lengths=(1, 60)):
     sched = engine.llm.scheduler
     while sched.waiting or any(s.prefilling for s in sched.running):
         engine.step()
-    return pack(sched.schedule(), engine.max_model_len, engine.block_size)
+    return sched.batch.prepare(sched.schedule())
 
 
 def abort_all(engine):

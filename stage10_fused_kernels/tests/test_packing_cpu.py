@@ -30,7 +30,7 @@ def test_decode_rows_and_prefill_chunks_pack_without_padding_through_their_block
     long.seq_slot, long.block_table = 0, [5, 0]
     tail = seq("t", [7, 8, 9])                                  # a 3-token prompt, its last 2 tokens
     tail.seq_slot, tail.num_computed, tail.block_table, tail.blocks_synced = 5, 1, [7], 1
-    plan = SchedulerOutput([ScheduledChunk(decoding, 4, 1), ScheduledChunk(long, 0, 6), ScheduledChunk(tail, 1, 2)])
+    plan = SchedulerOutput.from_chunks([ScheduledChunk(decoding, 4, 1), ScheduledChunk(long, 0, 6), ScheduledChunk(tail, 1, 2)])
     x = pack(plan, L, BS)
     assert x.tokens.tolist() == [15, 100, 101, 102, 103, 104, 105, 8, 9]
     assert x.positions.tolist() == [4, 0, 1, 2, 3, 4, 5, 1, 2]
@@ -44,22 +44,22 @@ def test_decode_rows_and_prefill_chunks_pack_without_padding_through_their_block
     # (seq_slot * 25 + entry, block) for the entries not yet on the GPU; none for tail, whose one block was sent
     assert x.table_updates.tolist() == [[2 * 25 + 1, 3], [0, 5], [1, 0]]
     assert (decoding.blocks_synced, long.blocks_synced, tail.blocks_synced) == (2, 2, 1)
-    assert pack(SchedulerOutput([ScheduledChunk(decoding, 4, 1)]), L, BS).table_updates.shape == (0, 2)
+    assert pack(SchedulerOutput.from_chunks([ScheduledChunk(decoding, 4, 1)]), L, BS).table_updates.shape == (0, 2)
 
 
 def test_rows_past_the_sequence_its_blocks_or_max_model_len_are_refused():
     s = seq("a", [1, 2, 3])
     s.seq_slot, s.block_table = 0, [0]
     with pytest.raises(IndexError, match="past its 3 tokens"):
-        pack(SchedulerOutput([ScheduledChunk(s, 2, 2)]), L, BS)
+        pack(SchedulerOutput.from_chunks([ScheduledChunk(s, 2, 2)]), L, BS)
     with pytest.raises(IndexError, match="max_model_len=2"):
-        pack(SchedulerOutput([ScheduledChunk(s, 0, 3)]), 2, BS)
+        pack(SchedulerOutput.from_chunks([ScheduledChunk(s, 0, 3)]), 2, BS)
     with pytest.raises(IndexError, match="or its 1 blocks"):
-        pack(SchedulerOutput([ScheduledChunk(s, 0, 3)]), L, 2)
+        pack(SchedulerOutput.from_chunks([ScheduledChunk(s, 0, 3)]), L, 2)
 
 
 def test_what_the_scheduler_plans_packs_to_its_budget():
-    sched = Scheduler(max_num_seqs=3, max_num_batched_tokens=16, blocks=BlockManager(100, BS))
+    sched = Scheduler(max_num_seqs=3, max_num_batched_tokens=16, blocks=BlockManager(100, BS), max_model_len=L)
     for i, n in enumerate((5, 30, 2)):
         sched.add(seq(i, range(1, n + 1)))
     x = pack(sched.schedule(), L, BS)

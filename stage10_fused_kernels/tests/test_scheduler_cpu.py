@@ -14,23 +14,21 @@ from ..scheduler import Scheduler, SchedulerError
 from ..sequence import Sequence, SequenceStatus
 
 
+STOP = 999_999                     # the random workloads' stop id: no request's own token (1000 * id + index)
+
+
 def scheduler(max_num_seqs, max_num_batched_tokens, num_blocks=1000, block_size=4):
-    return Scheduler(max_num_seqs, max_num_batched_tokens, BlockManager(num_blocks, block_size))
+    return Scheduler(max_num_seqs, max_num_batched_tokens, BlockManager(num_blocks, block_size), 1024)
 
 
-def seq(rid, prompt_len, max_tokens=4):
+def seq(rid, prompt_len, max_tokens=4, stop=()):
     return Sequence(rid, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                    frozenset(), 0, Timing(prompt_len))
+                    frozenset(stop), 0, Timing(prompt_len))
 
 
-def by_length(s):
-    """The engine's rule, reduced: finish at max_tokens."""
-    return "length" if len(s.new) >= s.params.max_tokens else None
-
-
-def step(sched, token=7, finish=by_length):
+def step(sched, token=7):
     plan = sched.schedule()
-    sched.update(plan, [token] * len(plan.sampling), finish)
+    sched.update(plan, [token] * len(plan.sampling))
     return plan
 
 
@@ -111,7 +109,7 @@ def test_abort_between_schedule_and_update_drops_the_rows():
     sched.add(b)
     plan = sched.schedule()
     sched.abort("a")
-    advanced = sched.update(plan, [5, 6], by_length)
+    advanced = sched.update(plan, [5, 6])
     assert advanced == [b] and a.new == [] and b.new == [6]
 
 
@@ -120,7 +118,7 @@ def test_async_placeholders_are_planned_on_and_a_stop_found_late_frees_everythin
     carries the placeholder (-1 - i), a sequence at max_tokens gets no row, and one preempted while its token was
     on the GPU that then stops on it leaves the queue and holds nothing."""
     sched = scheduler(max_num_seqs=4, max_num_batched_tokens=100, num_blocks=5, block_size=4)
-    a, b = seq("a", 8, max_tokens=9), seq("b", 4, max_tokens=1)            # 2 blocks, 1 block
+    a, b = seq("a", 8, max_tokens=9, stop=[8]), seq("b", 4, max_tokens=1)   # 2 blocks, 1 block
     sched.add(a)
     sched.add(b)
     first = sched.schedule()
@@ -130,30 +128,30 @@ def test_async_placeholders_are_planned_on_and_a_stop_found_late_frees_everythin
     sched.add(c)
     second = sched.schedule()                                # b is at max_tokens: no row; a decodes
     assert [(ch.seq.request_id, ch.start, ch.n) for ch in second.chunks] == [("a", 8, 1)]
-    sched.record(first, [5, 6], by_length)
+    sched.record(first, [5, 6])
     assert a.new == [5] and b.finished and sched.blocks.num_free == 2   # b gave 1 back, a took 1 for position 8
     sched.advance(second)
     third = sched.schedule()                                 # c is admitted: a decodes, c prefills
     assert [ch.seq.request_id for ch in third.chunks] == ["a", "c"] and a.new == [5, -1]
-    sched.record(second, [8], lambda s: "stop" if s.new[-1] == 8 else None)   # a stops on the token
+    sched.record(second, [8])                                # a stops on the token, its stop id
     assert a.finished and a.block_table == [] and sched.running == [c]
     sched.advance(third)                                     # a's row is dropped; c samples its first token
     assert a.new == [5, 8] and a.num_computed == 9 and c.new == [-2]
-    sched.record(third, [1, 2], by_length)                   # a is skipped; c's is the 2nd id
+    sched.record(third, [1, 2])                   # a is skipped; c's is the 2nd id
     assert c.new == [2] and a.new == [5, 8]
-    with pytest.raises(RuntimeError, match="newest token is 2, not the placeholder -2"):
-        sched.record(third, [1, 2], by_length)               # recorded twice: caught, not silently overwritten
+    with pytest.raises(RuntimeError, match="not the placeholder -2 of the step being recorded"):
+        sched.record(third, [1, 2])               # recorded twice: caught, not silently overwritten
     # preempted while pending: d's row needs a block, none is free, so the newest (e) goes back with its
     # placeholder; then e's token stops it, in the waiting queue
     sched = scheduler(max_num_seqs=4, max_num_batched_tokens=100, num_blocks=3, block_size=4)
-    d, e = seq("d", 4, max_tokens=9), seq("e", 8, max_tokens=9)
+    d, e = seq("d", 4, max_tokens=9), seq("e", 8, max_tokens=9, stop=[4])
     sched.add(d)
     sched.add(e)
     plan = sched.schedule()
     sched.advance(plan)
     nxt = sched.schedule()
     assert e.status is SequenceStatus.WAITING and e.new == [-2] and list(sched.waiting) == [e]
-    sched.record(plan, [3, 4], lambda s: "stop" if s.new[-1] == 4 else None)
+    sched.record(plan, [3, 4])                               # e's token is its stop id
     assert e.finished and not sched.waiting and d.new == [3] and [ch.seq for ch in nxt.chunks] == [d]
     assert sched.blocks.num_free == 1
 
@@ -166,12 +164,12 @@ def test_admission_by_blocks_and_the_newest_preempted_when_a_decode_row_needs_on
     plan = sched.schedule()                                 # c waits: its one block is not free
     assert [ch.seq.request_id for ch in plan.chunks] == ["a", "b"] and sched.blocks.num_free == 0
     assert a.block_table == [0, 1] and b.block_table == [2, 3, 4] and list(sched.waiting) == [c]
-    sched.update(plan, [7, 7], by_length)
+    sched.update(plan, [7, 7])
     plan = sched.schedule()                                 # a decodes position 8, in a new block: b goes back
     assert sched.stats.preemptions == 1 and b.status is SequenceStatus.WAITING and b.block_table == []
     assert [(ch.seq.request_id, ch.start, ch.n) for ch in plan.chunks] == [("a", 8, 1)]   # no admission this step
     assert a.block_table == [0, 1, 2] and list(sched.waiting) == [b, c]                    # b first, then c
-    sched.update(plan, [7], by_length)
+    sched.update(plan, [7])
     plan = sched.schedule()                                 # b's 13 tokens want 4 blocks, 2 are free: b waits, c too
     assert [(ch.seq.request_id, ch.start, ch.n) for ch in plan.chunks] == [("a", 9, 1)]
 
@@ -238,7 +236,7 @@ def random_workload(seed) -> int:
     budget = max(budget, max_seqs)
     bs = int(rng.choice([1, 2, 4, 16]))
     n_requests = int(rng.integers(1, 30))
-    reqs = [seq(i, int(rng.integers(1, 100)), int(rng.integers(1, 12))) for i in range(n_requests)]
+    reqs = [seq(i, int(rng.integers(1, 100)), int(rng.integers(1, 12)), stop=[STOP]) for i in range(n_requests)]
     need = max(blocks_for(len(s.prompt) + s.params.max_tokens - 1, bs) for s in reqs)   # the largest alone
     num_blocks = int(need * rng.choice([1, 1.2, 2, 5, 50]))
     sched = scheduler(max_seqs, budget, num_blocks, bs)
@@ -247,13 +245,8 @@ def random_workload(seed) -> int:
     stop_p, abort_p = rng.uniform(0, 0.2), rng.uniform(0, 0.05)
     finished_order, first_admissions, admitted = [], [], set()
 
-    def token(s):                                   # what the model "samples": a function of the request and index
-        return 1000 * s.request_id + len(s.new)
-
-    def finish(s):
-        if rng.random() < stop_p:
-            return "stop"
-        return by_length(s)
+    def token(s):                                   # what the model "samples": a function of the request and index,
+        return STOP if rng.random() < stop_p else 1000 * s.request_id + len(s.new)   # or now and then its stop id
 
     t, pending = 0, list(zip(arrive, reqs))
     while pending or sched.has_unfinished():
@@ -280,7 +273,7 @@ def random_workload(seed) -> int:
         assert len({id(c.seq) for c in plan.chunks}) == len(plan.chunks)        # one chunk per sequence
         if sched.running:
             assert plan.chunks, "a step with running sequences planned nothing"
-        for s in sched.update(plan, [token(c.seq) for c in plan.sampling], finish):
+        for s in sched.update(plan, [token(c.seq) for c in plan.sampling]):
             if s.finished:
                 finished_order.append(s.request_id)
         t += 1
@@ -289,7 +282,8 @@ def random_workload(seed) -> int:
     assert sorted(sched._free) == list(range(max_seqs)) and pool.num_free == num_blocks
     for s in reqs:
         assert s.finished and s.seq_slot is None and s.block_table == []
-        assert s.new == [1000 * s.request_id + i for i in range(len(s.new))]    # none lost, none repeated
+        made = s.new[:-1] if s.finish_reason == "stop" else s.new              # a stop ends on its stop id
+        assert made == [1000 * s.request_id + i for i in range(len(made))]      # none lost, none repeated
         if s.finish_reason == "length":
             assert len(s.new) == s.params.max_tokens
         if s.finish_reason != "abort":
@@ -307,7 +301,7 @@ def test_tiny_pools_do_preempt():
             sched.add(s)
         while sched.has_unfinished():
             plan = sched.schedule()
-            sched.update(plan, [1] * len(plan.sampling), by_length)
+            sched.update(plan, [1] * len(plan.sampling))
         assert all(len(s.new) == 20 for s in reqs) and sched.blocks.num_free == 12
         return sched.stats.preemptions
 
