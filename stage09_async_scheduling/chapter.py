@@ -4,11 +4,6 @@ data-driven ones.
   placeholder-timeline  three requests through scheduler.py and packing.py in the order of an asynchronous
                         step(): what each launch packs (tokens, prev_rows), what each record reads back, and
                         each request's tokens with their placeholders; against the same requests run in turn
-  pre-split-split       the committed runs of the pre-split tree's test_decode_step_split (it held this stage's
-                        idea and stage10's kernels): a decode step's wall time with and without asynchronous
-                        scheduling, the GPU's time of the replay and the loop's own host time
-  pre-split-pairs       the pre-split tree's harness runs just before and just after asynchronous scheduling came
-                        in, read from the results the cited log folders hold
   step-split            this stage's own test_decode_step_split (bench_batch.py), or the command that measures it
   against-previous      this stage against the previous one in one harness run per workload (`latency`, `batch`,
                         `ragged`), or the command that measures it
@@ -19,7 +14,7 @@ from pathlib import Path
 
 from common.course import results
 from common.outputs import Timing
-from common.course.readme import RESULTS, ROOT, pytest_bench
+from common.course.readme import RESULTS, pytest_bench
 from common.sampling import SamplingParams
 
 from .block_manager import BlockManager
@@ -30,11 +25,6 @@ from .sequence import Sequence, SequenceStatus
 HERE = Path(__file__).resolve().parent
 PREVIOUS = sorted(p.name for p in HERE.parent.glob("stage[0-9][0-9]_*") if p.name < HERE.name)[-1]
 NN, PREV_NN = HERE.name[5:7], PREVIOUS[5:7]
-PRE_SPLIT_RUNS = "2026-12-04-H200-stage08-"    # the pre-split tree's log folders (benchmarks/logs/README.md)
-# (workload, the run just before asynchronous scheduling, the run just after it), by log folder
-PRE_SPLIT_PAIRS = (("latency", "gemv-warps-split-latency", "async-latency-step-split"),
-                   ("batch", "kernel-fixes-latency-batch", "async-batch-server"),
-                   ("ragged", "sync-ragged-server", "async-ragged-profile"))
 BATCH = (1, 8, 32, 64)
 
 
@@ -51,9 +41,6 @@ def _requests():
         sched.add(s)
     return sched, seqs, ids
 
-
-def _reason(s):
-    return "stop" if s.new[-1] in s.stop else "length" if len(s.new) >= s.params.max_tokens else None
 
 
 def _run(asynchronous: bool):
@@ -78,7 +65,7 @@ def _run(asynchronous: bool):
             if launched:
                 sched.advance(plan)
         if done:
-            sched.record(*done, _reason)
+            sched.record(*done)
         calls.append((plan, x, packed, done[1] if done else None, [(list(s.new), s.finish_reason) for s in seqs]))
     return calls, wasted
 
@@ -137,16 +124,6 @@ SPLIT_HOW = ("`bench_batch.py::test_decode_step_split`: B sequences of 256 cache
              "the median of 20 `step()` calls, each way; GPU and queueing times from events")
 
 
-def pre_split_split() -> str:
-    lines = []
-    for date, gpu, b in pytest_bench("pytest-bench-graphs"):
-        if date >= results.SPLIT_DATE or not any("wall_sync_ms" in x["extra_info"] for x in b.values()):
-            continue                                 # a run from before asynchronous scheduling came in
-        lines += [f"Measured {date} on {gpu}, on the pre-split tree: this stage's asynchronous scheduling over "
-                  f"stage10's fused kernels ({SPLIT_HOW}):", "", *_split_table(b), ""]
-    return "\n".join(lines).rstrip()
-
-
 def step_split() -> str:
     runs = pytest_bench(f"pytest-bench-step-{NN}")
     if not runs:
@@ -183,33 +160,6 @@ def _faster(a: dict, b: dict, key: str, lower_is_better) -> str:
     return f"{(a[key] / b[key] if lower_is_better else b[key] / a[key]):.2f}x"
 
 
-def _pre_split_run(folder: str, workload: str) -> dict:
-    """The harness result a pre-split log folder holds for a workload, read from benchmarks/results."""
-    logs = ROOT / "benchmarks" / "logs" / f"{PRE_SPLIT_RUNS}{folder}"
-    name, = (p.name for p in logs.glob(f"*_{workload}-*.json"))
-    return results.load(RESULTS / name)
-
-
-def pre_split_pairs() -> str:
-    rows = ["Measured 2026-12-04 on NVIDIA H200 (1B preset), the pre-split tree in two harness runs a workload, "
-            "medians of 3 runs (min-max); stage07 ran in the same harness run as each, and shows how fast that "
-            "host was:", "",
-            f"| workload | figure | runs (folders of benchmarks/logs: `{PRE_SPLIT_RUNS}...`) | synchronous | "
-            "stage07 beside it | asynchronous | stage07 beside it | asynchronous against synchronous |",
-            "|" + " --- |" * 8]
-    for workload, before, after in PRE_SPLIT_PAIRS:
-        (*_, (_, s07), (_, sync)), (*_, (_, a07), (_, asyn)) = (
-            _pre_split_run(f, workload)["stages"].items() for f in (before, after))
-        runs = f"`{before}`, `{after}`"
-        for w, label, key, lower in FIGURES:
-            if w == workload and key in sync:
-                rows.append(f"| `{w}` | {label} | {runs} | {_cell(sync, key, lower)} | "
-                            f"{_cell(s07, key, lower)} | {_cell(asyn, key, lower)} | {_cell(a07, key, lower)} | "
-                            f"{_faster(sync, asyn, key, lower)} |")
-                runs = '"'                                  # the same runs as the row above
-    return "\n".join(rows)
-
-
 def against_previous() -> str:
     """The newest committed harness run holding both this stage and the previous one, for each workload (each
     engine sizing its own KV cache)."""
@@ -239,5 +189,5 @@ def against_previous() -> str:
     return "\n".join(rows)
 
 
-GENERATORS = {"placeholder-timeline": placeholder_timeline, "pre-split-split": pre_split_split,
-              "pre-split-pairs": pre_split_pairs, "step-split": step_split, "against-previous": against_previous}
+GENERATORS = {"placeholder-timeline": placeholder_timeline, "step-split": step_split,
+              "against-previous": against_previous}
