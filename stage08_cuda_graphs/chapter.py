@@ -152,7 +152,7 @@ def step_split() -> str:
     keys = ("wall_ms", "gpu_ms", "host_queue_ms", "graph_gpu_ms", "graph_host_queue_ms", "host_loop_ms",
             "bandwidth_floor_ms")
     lines = []
-    for date, gpu, b in pytest_bench(f"pytest-bench-step-{NN}"):
+    for date, gpu, b in pytest_bench(f"pytest-bench-step-{NN}")[-1:]:     # the newest run
         cases = sorted((n for n in b if n.startswith("test_decode_step_split")),
                        key=lambda n: b[n]["extra_info"]["batch_size"])
         if date < results.SPLIT_DATE or not cases:

@@ -4,12 +4,17 @@ data-driven ones.
   placeholder-timeline  three requests through scheduler.py and packing.py in the order of an asynchronous
                         step(): what each launch packs (tokens, prev_rows), what each record reads back, and
                         each request's tokens with their placeholders; against the same requests run in turn
-  step-split            this stage's own test_decode_step_split (bench_batch.py), or the command that measures it
+  step-split            the newest run of this stage's test_decode_step_split (bench_batch.py), or the command
+                        that measures it
   against-previous      this stage against the previous one in one harness run per workload (`latency`, `batch`,
                         `ragged`), or the command that measures it
+  persistent-batch-host the loop's host time at B = 256 on the H200 before and after the persistent batch, in one
+                        run alternating the two trees (host_profile's summaries in the log folder)
 """
 from __future__ import annotations
 
+import re
+import statistics
 from pathlib import Path
 
 from common.course import results
@@ -23,9 +28,11 @@ from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
 
 HERE = Path(__file__).resolve().parent
+AB_LOGS = RESULTS.parent / "logs" / "2026-12-05-H200-persistent-batch"   # before/after, alternated in one run
+PERSISTENT_BATCH_RUNS = "2026-12-05 03:40"      # results from this time (UTC) on ran with the persistent batch
 PREVIOUS = sorted(p.name for p in HERE.parent.glob("stage[0-9][0-9]_*") if p.name < HERE.name)[-1]
 NN, PREV_NN = HERE.name[5:7], PREVIOUS[5:7]
-BATCH = (1, 8, 32, 64)
+BATCH = (1, 8, 32, 64, 128, 256)
 
 
 # ---------------------------------------------------------------------- the worked example (CPU, from the code)
@@ -125,15 +132,47 @@ SPLIT_HOW = ("`bench_batch.py::test_decode_step_split`: B sequences of 256 cache
 
 
 def step_split() -> str:
+    """The newest committed run of this stage's test_decode_step_split."""
     runs = pytest_bench(f"pytest-bench-step-{NN}")
     if not runs:
         return (f"The decode step's split on this stage's tree: not measured yet. `bash scripts/gpu_check.sh LOGS "
                 f"bench{NN}` measures it on a GPU, writing `*_pytest-bench-step-{NN}.json` into the folder LOGS; "
                 "copied into `benchmarks/results/` and committed, it fills this table.")
-    lines = []
-    for date, gpu, b in runs:
-        lines += [f"Measured {date} on {gpu}, this stage's tree ({SPLIT_HOW}):", "", *_split_table(b), ""]
-    return "\n".join(lines).rstrip()
+    when, gpu, b = runs[-1]
+    tree = "with the persistent batch" if when >= PERSISTENT_BATCH_RUNS else "before the persistent batch"
+    return "\n".join([f"Measured {when} UTC on {gpu}, {tree} ({SPLIT_HOW}):", "", *_split_table(b)])
+
+
+# ---------------------------------------------------------------------- the persistent batch, before and after
+HOST_LINE = re.compile(r"step wall ([\d.]+) ms; the runner's launch/run ([\d.]+) ms a step; the loop's host time "
+                       r"\(host_s\) ([\d.]+) ms")
+
+
+def persistent_batch_host() -> str:
+    """The loop's host time at B = 256 on the H200, this stage before and after the persistent batch, alternated
+    in one run (host_profile's summary lines in the log folder)."""
+    runs = {}
+    for path in sorted(AB_LOGS.glob(f"host-profile-{NN}-*-*-[0-9].txt")):
+        *_, tree, output, _ = path.stem.split("-")       # host-profile-NN-before-ids-1
+        wall, runner, host = map(float, HOST_LINE.search(path.read_text()).groups())
+        runs.setdefault((output, tree), []).append((host, wall))
+    if not runs:
+        return "Not measured on a GPU yet: `python -m common.bench.host_profile --stage 09 --batch 256` measures it."
+
+    def cell(values):
+        return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+    rows = ["| outputs | the loop's host time, before | after | step wall, before | after |", "|" + " --- |" * 5]
+    for output, label in (("ids", "token ids (the server)"), ("text", "text, streamed")):
+        before, after = runs[(output, "before")], runs[(output, "after")]
+        rows.append(f"| {label} | {cell([h for h, _ in before])} ms | {cell([h for h, _ in after])} ms | "
+                    f"{cell([w for _, w in before])} ms | {cell([w for _, w in after])} ms |")
+    n = len(runs[("ids", "before")])
+    return "\n".join([f"Measured 2026-12-05 on an NVIDIA H200 (`benchmarks/logs/{AB_LOGS.name}/`): "
+                      f"`python -m common.bench.host_profile --stage {NN} --batch 256 [--text]`, 256 sequences "
+                      f"decoding, medians of 50 steps a run, then the median (min-max) of {n} runs alternating the "
+                      "tree before the persistent batch and this one (prompts of 100 tokens: a shorter step than the "
+                      "split's, whose sequences hold 256 positions):", "", *rows])
 
 
 # ---------------------------------------------------------------------- harness runs
@@ -164,10 +203,10 @@ def against_previous() -> str:
     """The newest committed harness run holding both this stage and the previous one, for each workload (each
     engine sizing its own KV cache)."""
     runs = {}
-    for path in sorted(RESULTS.glob("*.json")):          # named GPU_date_workload-..._time: the newest comes last
-        r = results.load(path)
-        if {PREVIOUS, HERE.name} <= set(r.get("stages") or ()) and not r.get("kv_cache_gib"):
-            runs[r["workload"]["name"]] = r
+    loaded = [results.load(path) for path in RESULTS.glob("*.json")]
+    for r in sorted((r for r in loaded if "stages" in r and "date" in r), key=lambda r: (r["date"], r.get("time", ""))):
+        if {PREVIOUS, HERE.name} <= set(r["stages"]) and not r.get("kv_cache_gib"):
+            runs[r["workload"]["name"]] = r                # the newest run of each workload comes last
     command = (f"`LATENCY_STAGES={PREV_NN},{NN} BATCH_STAGES={PREV_NN},{NN} RAGGED_STAGES={PREV_NN},{NN} "
                "bash scripts/gpu_check.sh LOGS latency,batch,ragged`")
     if not runs:
@@ -190,4 +229,4 @@ def against_previous() -> str:
 
 
 GENERATORS = {"placeholder-timeline": placeholder_timeline, "step-split": step_split,
-              "against-previous": against_previous}
+              "against-previous": against_previous, "persistent-batch-host": persistent_batch_host}

@@ -139,11 +139,11 @@ def kernel_history() -> str:
 
 # ---------------------------------------------------------------------------------------------------- the step
 def step_split() -> str:
-    """The decode-step split of this stage's bench_batch.py: before the split its files were named
-    pytest-bench-graphs, since then pytest-bench-step-NN."""
+    """The decode-step split of this stage's bench_batch.py: the tree's before the split (its files were named
+    pytest-bench-graphs) and this stage's newest (pytest-bench-step-NN)."""
     lines = []
     files = [nr for nr in _loaded("*_pytest-bench-graphs.json") if _before_split(nr[1])] + \
-        _loaded(f"*_pytest-bench-step-{NN}.json")
+        _loaded(f"*_pytest-bench-step-{NN}.json")[-1:]
     for name, r in files:
         cases = sorted((b["extra_info"] for b in r["benchmarks"] if b["name"].startswith("test_decode_step_split")),
                        key=lambda e: e["batch_size"])

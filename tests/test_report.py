@@ -17,11 +17,25 @@ def test_newest_result_wins_and_old_names_are_mapped():
     assert latency["stage03_kvcache"][1][-1] > "NVIDIA-H200_2026-12-03_latency-02-03.json"   # the 3-run harness's
 
 
-def test_a_cut_off_run_keeps_its_figures_and_a_later_run_fills_in_only_what_it_missed():
+def _result(folder, name, workload, stages, time, **extra):
+    import json
+    r = {"workload": {"name": workload}, "environment": {"gpu": "NVIDIA H200"}, "date": "2026-12-06", "time": time,
+         "stages": stages, **extra}
+    (folder / name).write_text(json.dumps(r))
+
+
+def test_a_cut_off_run_keeps_its_figures_and_a_later_run_fills_in_only_what_it_missed(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    _result(tmp_path, "a_long-04_100000.json", "long", {"stage04_static_batch": {
+        "prefill_tok_per_s_at_2048": 10.0, "spread": {}}}, "10:00:00")                  # cut off before 32768
+    _result(tmp_path, "b_long-04_110000.json", "long", {"stage04_static_batch": {
+        "prefill_tok_per_s_at_32768": 3.0, "spread": {}}}, "11:00:00")                  # 32768 alone
     s, names = report.newest()["long"]["stage04_static_batch"]
-    assert {"prefill_tok_per_s_at_2048", "prefill_tok_per_s_at_32768"} <= set(s)
-    assert names == ["NVIDIA-H200_2026-12-03_long-hf-sdpa-03-04_141237.json",   # cut off before 32768
-                     "NVIDIA-H200_2026-12-03_long-04_141951.json"]              # 32768 alone
+    assert (s["prefill_tok_per_s_at_2048"], s["prefill_tok_per_s_at_32768"]) == (10.0, 3.0)
+    assert names == ["a_long-04_100000.json", "b_long-04_110000.json"]
+    _result(tmp_path, "c_long-ladder_120000.json", "long", {"stage06_online_softmax": {
+        "prefill_tok_per_s_at_2048": 20.0, "spread": {}}}, "12:00:00", ladder=True, complete=True)
+    assert set(report.newest()["long"]) == {"stage06_online_softmax"}       # a complete ladder run stands alone
 
 
 def test_chart_digest_follows_the_data():

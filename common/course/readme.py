@@ -46,13 +46,14 @@ def presets() -> str:
 
 
 def pytest_bench(suffix: str) -> list[tuple[str, str, dict]]:
-    """(date, GPU, {test name: benchmark}) of every committed pytest-benchmark JSON named *_{suffix}.json."""
+    """(date and time "YYYY-MM-DD HH:MM", GPU, {test name: benchmark}) of every committed pytest-benchmark JSON
+    named *_{suffix}.json, oldest first."""
     out = []
-    for path in sorted(RESULTS.glob(f"*_{suffix}.json")):
+    for path in RESULTS.glob(f"*_{suffix}.json"):
         r = json.loads(path.read_text())
-        out.append((r["datetime"][:10], path.name.split("_")[0].replace("-", " "),
+        out.append((r["datetime"][:16].replace("T", " "), path.name.split("_")[0].replace("-", " "),
                     {b["name"]: b for b in r["benchmarks"]}))
-    return out
+    return sorted(out, key=lambda run: run[0])
 
 
 def _harness(workload: str, kv_budget: bool = False) -> list[dict]:

@@ -30,6 +30,7 @@ LONG_LENGTHS = (2048, 8192, 32768)
 COLUMNS = [("latency: ms per decode step (B = 1)", "latency", "ms_per_decode_step", "{:.2f}"),
            ("latency: time to first token, ms", "latency", "ttft_ms", "{:.1f}"),
            ("batch: output tok/s at B = 64", "batch", "output_tok_per_s_at_B64", "{:,.0f}"),
+           ("batch: output tok/s at B = 256", "batch", "output_tok_per_s_at_B256", "{:,.0f}"),
            ("ragged: output tok/s", "ragged", "output_tok_per_s", "{:,.0f}"),
            *[(f"long: prefill tok/s at {n}", "long", f"prefill_tok_per_s_at_{n}", "{:,.0f}") for n in LONG_LENGTHS],
            ("load: GB/s onto the GPU", "load", "load_gb_per_s", "{:.2f}")]

@@ -75,12 +75,9 @@ def random_loop(seed) -> int:
             changed += bool(plan.prefill) or len(plan.decode) != len(sched.running)
             ids = [STOP if rng.random() < stop_p else int(rng.integers(0, 1000)) for _ in plan.sampling_seqs]
             launched = (plan, ids)
-        if asynchronous:
-            done, in_flight = in_flight, launched
-        else:
-            done = launched
-            if launched:
-                sched.advance(plan)
+        if launched and not asynchronous:
+            sched.advance(plan)                  # synchronous: advanced at once, recorded in the same call
+        done, in_flight = (in_flight, launched) if asynchronous else (launched, None)
         if done:
             sched.record(*done)
         t += 1
