@@ -14,9 +14,12 @@ def load_results() -> str:
     for path in sorted(RESULTS.glob("*_load-*.json")):
         r = json.loads(path.read_text())
         s = r["stages"][__package__]
-        rows.append(f"| {r['date']} | {r['environment']['gpu']} | `common.bench` (median of "
-                    f"{len(r['raw'][__package__])} processes) | {s['load_gb_per_s']:.2f} | "
-                    f"{s['plain_read_gb_per_s']:.2f} |")
+        procs = r["raw"][__package__]           # one entry a process: its runs (older files: one figure each)
+        loads = sum(len(p.get("runs", [p])) for p in procs)
+        how = (f"{len(procs)} processes" if loads == len(procs) else
+               f"{loads} loads in " + ("one process" if len(procs) == 1 else f"{len(procs)} processes"))
+        rows.append(f"| {r['date']} | {r['environment']['gpu']} | `common.bench` (median of {how}) | "
+                    f"{s['load_gb_per_s']:.2f} | {s['plain_read_gb_per_s']:.2f} |")
     for path in sorted(RESULTS.glob("*_pytest-bench-load.json")):
         r = json.loads(path.read_text())
         read = next(b for b in r["benchmarks"] if b["name"] == "test_plain_read")
