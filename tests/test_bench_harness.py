@@ -19,6 +19,35 @@ def test_workloads_are_seeded_and_in_range():
     assert set(WORKLOADS) >= {"latency", "growth", "batch", "ragged", "long", "load"}
 
 
+def test_prefix_prompts_share_their_first_2048_tokens_and_only_those():
+    reqs = make_requests("prefix")
+    system = reqs[0][0][:2048]
+    assert len(reqs) == 256 and all(p[:2048] == system and 32 <= len(p) - 2048 <= 512 for p, _ in reqs)
+    assert len({tuple(p[2048:2052]) for p, _ in reqs}) == 256                  # each request's own part differs
+    assert WORKLOADS["prefix"].max_model_len == 2048 + 512 + 256
+
+
+def test_every_measured_run_starts_with_a_cold_prefix_cache():
+    """A repeat of the same requests would otherwise find all of them cached (generate_once resets the cache of
+    an engine that has one)."""
+    from common.bench.measure import generate_once
+
+    class Engine:
+        calls: list = []
+
+        def reset_prefix_cache(self):
+            self.calls.append("reset")
+
+        def generate(self, prompts, params):
+            self.calls.append("generate")
+            return []
+
+    e = Engine()
+    generate_once(e, [], [])
+    generate_once(e, [], [])
+    assert e.calls == ["reset", "generate"] * 2
+
+
 def test_max_model_len_is_sized_for_the_workload():
     """`long` asks for 32768 prompt tokens: the default max_model_len of 4096 would refuse it."""
     assert WORKLOADS["long"].max_model_len == 32768 + 64 and WORKLOADS["ragged"].max_model_len == 2048

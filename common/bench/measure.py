@@ -64,7 +64,12 @@ def warm_up(engine, workload: str, prompts, params, full: bool) -> None:
 
 
 def generate_once(engine, prompts, params) -> tuple[float, list]:
-    """Generated tokens per second of one generate(prompts, params), and the engine's per-request Timings."""
+    """Generated tokens per second of one generate(prompts, params), and the engine's per-request Timings. An
+    engine with a prefix cache starts it empty (vLLM's reset_prefix_cache): a repeat of the same requests, or the
+    warm-up's, would otherwise find every block computed and measure nothing but the cache."""
+    reset = getattr(engine, "reset_prefix_cache", None)
+    if reset is not None:
+        reset()
     t = time.perf_counter()
     outs = engine.generate(prompts, params)
     rate = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t)

@@ -4,6 +4,7 @@
     growth   1 request, 512 + 1024 tokens       decode tok/s over the first 64, 256, 1024 new tokens
     batch    B = 1 .. 256 of 128 + 128          output tok/s at each B
     ragged   256 requests, 100..1024 each way   output tok/s (nano-vllm's bench.py workload)
+    prefix   256 requests, one 2048-token system prompt + 32..512 of their own, 64..256 new: TTFT, output tok/s
     long     1 request of 2048, 8192, 32768     prefill tok/s, memory beyond the weights
     cpu      64 requests, 16..256 + 2..64       output tok/s of the tiny preset on a CPU (the numpy engines)
     load     stage01's: weights onto the GPU    GB/s against a plain read of the same bytes
@@ -33,10 +34,11 @@ class Workload:
     headline: tuple[str, ...]        # the figures the ratio columns compare
     lower_is_better: bool = False
     columns: tuple[str, ...] = ()    # further figures the table shows
+    shared_prefix: int = 0           # tokens every prompt starts with (a system prompt), before its own
 
     @property
     def max_model_len(self) -> int:
-        return self.prompt_tokens[1] + self.new_tokens[1]
+        return self.shared_prefix + self.prompt_tokens[1] + self.new_tokens[1]
 
 
 WORKLOADS = {w.name: w for w in [
@@ -54,6 +56,10 @@ WORKLOADS = {w.name: w for w in [
              ("output_tok_per_s",),
              columns=("ttft_ms", "queue_ms", "ms_per_decode_step", "itl_p99_ms", "mean_running", "max_running",
                       "preemptions", "slot_waste", "padding_share", "prefill_time_share", "host_time_share")),
+    Workload("prefix", 256, (32, 512), (64, 256), "time to first token and output tok/s, every prompt a shared "
+             "2048-token system prompt and 32..512 tokens of its own", ("ttft_ms", "output_tok_per_s"),
+             columns=("ms_per_decode_step", "queue_ms", "max_running", "preemptions", "host_time_share"),
+             shared_prefix=2048),
     Workload("long", 1, (LONG_LENGTHS[-1], LONG_LENGTHS[-1]), (64, 64),
              "prefill tok/s (prompt tokens / time to first token) at 2048, 8192, 32768; memory beyond the weights",
              tuple(f"prefill_tok_per_s_at_{n}" for n in LONG_LENGTHS),
@@ -97,14 +103,16 @@ LADDERS = {
 def make_requests(name: str, vocab_size: int = 128000, seed: int = 0, prompt_tokens: int | None = None
                   ) -> list[tuple[list[int], SamplingParams]]:
     """The workload's requests: random regular-token prompts (no special ids) and greedy ignore_eos params.
-    `prompt_tokens` fixes the prompt length (`long` runs one per length)."""
+    `prompt_tokens` fixes the prompt length (`long` runs one per length); a workload with a shared prefix starts
+    every prompt with the same shared_prefix tokens."""
     w = WORKLOADS[name]
     low, high = (prompt_tokens, prompt_tokens) if prompt_tokens else w.prompt_tokens
     rng = np.random.default_rng(seed)
+    shared = rng.integers(0, vocab_size, w.shared_prefix).tolist()
     out = []
     for _ in range(w.requests):
         p = int(rng.integers(low, high + 1))
         n = int(rng.integers(w.new_tokens[0], w.new_tokens[1] + 1))
-        out.append((rng.integers(0, vocab_size, p).tolist(),
+        out.append((shared + rng.integers(0, vocab_size, p).tolist(),
                     SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)))
     return out
