@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench10 (pytest-benchmark files), profile
+# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench11 (pytest-benchmark files), profile
 # (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
 # B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
-# ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k,
+# ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix,
 # ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and
 # max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default; longer than one 10-minute
 # run).
@@ -40,6 +40,7 @@ if want tests; then
   run cli-08 python3 -m stage08_cuda_graphs --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-09 python3 -m stage09_async_scheduling --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-10 python3 -m stage10_fused_kernels --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-11 python3 -m stage11_prefix_caching --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
 if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
@@ -71,7 +72,7 @@ if want bench07; then
       -p no:cacheprovider --benchmark-json "$logs/${gpu}_${day}_pytest-bench-paged-attention.json" -q
 fi
 # a decode step's GPU and host time, kernel by kernel and replayed (and, from 09, without asynchronous scheduling)
-for st in 08 09 10; do
+for st in 08 09 10 11; do
   if want "bench$st"; then
     run "bench-step-$st" python3 -m pytest stage${st}_*/bench_batch.py --benchmark-only -p no:cacheprovider \
         --benchmark-json "$logs/${gpu}_${day}_pytest-bench-step-$st.json" -q
@@ -115,6 +116,9 @@ fi
 for w in load latency batch ragged long; do
   want "ladder-$w" && run "ladder-$w" python3 -m common.bench --ladder --workload "$w" --out "$logs"
 done
+# prefix caching: stage11 against stage10 on requests that share a 2048-token system prompt
+want prefix && run harness-prefix python3 -m common.bench --stages ${PREFIX_STAGES:-10,11} --workload prefix \
+    --out "$logs"
 want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,05} --workload ragged --verbose --out "$logs"
 if want ragged-kv; then   # the same KV cache memory for every engine: what paging buys at a fixed budget
   for gib in ${KV_GIBS:-4 16}; do

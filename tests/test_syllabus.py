@@ -45,9 +45,14 @@ SYLLABUS = [
     ("asynchronous scheduling", "stage09_async_scheduling", "launch step t+1 before reading step t",
      ("placeholder",)),
     ("placeholders and the step's record", "stage09_async_scheduling", "placeholders", ("advance", "record")),
+    ("the persistent batch", "stage09_async_scheduling", "the persistent batch: a row a seq_slot",
+     ("InputBatch", "prepare")),
     ("a kernel against its floor", "stage10_fused_kernels", "a floor for every kernel", ("floor",)),
     ("kernel fusion and programmatic dependent launch", "stage10_fused_kernels", "the kernels one by one",
      ("one kernel", "griddepcontrol")),
+    ("prefix caching: a block named by its tokens", "stage11_prefix_caching", "name a block by its tokens",
+     ("sha256", "parent")),
+    ("eviction of cached blocks", "stage11_prefix_caching", "eviction", ("least recently",)),
 ]
 
 

@@ -1,0 +1,85 @@
+"""CPU: the GEMM timings kept per machine (gemm_timings.py): written and read back, an unreadable file timed anew,
+the first timing of an entry kept when two engines write, the file named by what a timing depends on, and the
+picks made from kept timings without timing anything."""
+from types import SimpleNamespace
+
+import pytest
+
+from ..gemm_timings import GemmTimings
+from ..graphs import GEMV_GAIN, pick_gemms
+
+
+def test_entries_saved_are_read_back_by_the_next_engine(tmp_path):
+    path = tmp_path / "t" / "timings.json"
+    first = GemmTimings(path)
+    assert first.get("gemv", (1, 64, 32, 2)) is None
+    first.put("gemv", (1, 64, 32, 2), [6.0, 5.0, 2])
+    first.save()
+    assert first.new == {}
+    assert GemmTimings(path).get("gemv", (1, 64, 32, 2)) == [6.0, 5.0, 2]
+    assert GemmTimings(path).get("gemv", (2, 64, 32, 2)) is None
+
+
+def test_an_unreadable_file_is_timed_anew_and_replaced(tmp_path):
+    path = tmp_path / "timings.json"
+    path.write_text("{ not json")
+    t = GemmTimings(path)
+    assert t.entries == {}
+    t.put("gemv", (8, 64, 32, 2), [9.0, 7.5, 4])
+    t.save()
+    assert GemmTimings(path).get("gemv", (8, 64, 32, 2)) == [9.0, 7.5, 4]
+
+
+def test_the_first_timing_of_an_entry_stays_when_two_engines_write(tmp_path):
+    path = tmp_path / "timings.json"
+    a, b = GemmTimings(path), GemmTimings(path)          # both read the file before either wrote
+    a.put("gemv", (1, 64, 32, 2), [6.0, 5.0, 2])
+    a.save()
+    b.put("gemv", (1, 64, 32, 2), [6.0, 6.5, 4])
+    b.put("gemv", (2, 64, 32, 2), [7.0, 6.0, 1])
+    b.save()
+    kept = GemmTimings(path)
+    assert kept.get("gemv", (1, 64, 32, 2)) == [6.0, 5.0, 2] and kept.get("gemv", (2, 64, 32, 2)) == [7.0, 6.0, 1]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_file_is_named_by_the_gpu_the_library_and_the_warps_tried(tmp_path, monkeypatch):
+    monkeypatch.setenv("TINY_VLLM_CACHE", str(tmp_path))
+
+    def model(gpu="NVIDIA H200", version=130100):
+        return SimpleNamespace(gpu=SimpleNamespace(name=gpu), cublas=SimpleNamespace(version=version))
+
+    path = GemmTimings.for_model(model(), (1, 2, 4, 8)).path
+    assert path.parent == tmp_path / "gemm-timings"
+    assert GemmTimings.for_model(model(), (1, 2, 4, 8)).path == path
+    others = {GemmTimings.for_model(model(gpu="NVIDIA H100"), (1, 2, 4, 8)).path,
+              GemmTimings.for_model(model(version=130200), (1, 2, 4, 8)).path,
+              GemmTimings.for_model(model(), (1, 2, 4)).path}
+    assert path not in others and len(others) == 3
+
+
+class Untimeable:
+    """Whatever a timing would touch: using it fails the test."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"timed although the timings were kept ({name})")
+
+
+def fake_model(shapes: dict):
+    layers = [{name: SimpleNamespace(shape=shape, ptr=0) for name, shape in shapes.items()} for _ in range(2)]
+    return SimpleNamespace(layers=layers, gemv_shapes={}, gpu=Untimeable(), cublas=Untimeable(),
+                           kernels=Untimeable(), h=None, qkv=None, attn=None, d=None, gate_up=None, act=None,
+                           row_view=lambda buf, first, n: SimpleNamespace(dtype="bf16"))
+
+
+@pytest.mark.parametrize("mine, taken", [(5.0, True), (GEMV_GAIN * 6.0 + 0.01, False)])
+def test_kept_gemv_timings_pick_without_timing(tmp_path, mine, taken):
+    shapes = {"qkv": (48, 32), "o": (32, 32), "gate_up": (128, 32), "down": (32, 64)}
+    timings = GemmTimings(tmp_path / "t.json")
+    for name, (n, k) in shapes.items():
+        for m in (1, 2):
+            timings.put("gemv", (m, n, k, 2), [6.0, mine, 4])
+    model = fake_model(shapes)
+    times = pick_gemms(model, [1, 2, 16], timings)
+    assert sorted(times) == sorted((name, m) for name in shapes for m in (1, 2))   # 16 rows: not gemv.cu's
+    assert model.gemv_shapes == ({(m, n, k): 4 for n, k in shapes.values() for m in (1, 2)} if taken else {})
