@@ -3,7 +3,7 @@
 # $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench11 (pytest-benchmark files), profile
 # (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
 # B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
-# ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix,
+# ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat),
 # ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and
 # max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default; longer than one 10-minute
 # run).
@@ -116,9 +116,13 @@ fi
 for w in load latency batch ragged long; do
   want "ladder-$w" && run "ladder-$w" python3 -m common.bench --ladder --workload "$w" --out "$logs"
 done
-# prefix caching: stage11 against stage10 on requests that share a 2048-token system prompt
-want prefix && run harness-prefix python3 -m common.bench --stages ${PREFIX_STAGES:-10,11} --workload prefix \
-    --out "$logs"
+# prefix caching: stage11 against stage10 on requests that share a 2048-token system prompt, and on conversations
+# whose every turn repeats the turns before it
+if want prefix; then
+  for w in prefix chat; do
+    run "harness-$w" python3 -m common.bench --stages ${PREFIX_STAGES:-10,11} --workload "$w" --out "$logs"
+  done
+fi
 want ragged && run harness-ragged python3 -m common.bench --stages ${RAGGED_STAGES:-04,05} --workload ragged --verbose --out "$logs"
 if want ragged-kv; then   # the same KV cache memory for every engine: what paging buys at a fixed budget
   for gib in ${KV_GIBS:-4 16}; do

@@ -12,7 +12,7 @@ data-driven ones.
   prefix-plan     the `prefix` and `ragged` workloads' requests through this stage's scheduler at the engine's
                   defaults, with prefix caching off and on, tokens made up (no model): prompt rows computed, steps,
                   the step that gives each request its first token, blocks held
-  measured        this stage against the previous one on `prefix` and `ragged`, from the newest committed harness
+  measured        this stage against the previous one on `prefix`, `chat` and `ragged`, from the newest harness
                   run holding both, or the command that measures it
 """
 from __future__ import annotations
@@ -219,6 +219,9 @@ def prefix_plan() -> str:
 FIGURES = {"prefix": [("time to first token, ms", "ttft_ms", "{:,.1f}", True, "5x lower"),
                       ("output tok/s", "output_tok_per_s", "{:,.0f}", False, "2x"),
                       ("ms per decode step", "ms_per_decode_step", "{:.2f}", True, "-")],
+           "chat": [("total time, s", "total_s", "{:.2f}", True, "-"),
+                    *((f"time to first token of turn {k}, ms", f"ttft_ms_turn{k}", "{:,.1f}", True, "-")
+                      for k in range(1, 5))],
            "ragged": [("output tok/s", "output_tok_per_s", "{:,.0f}", False, "within 2%")]}
 
 
@@ -230,7 +233,7 @@ def _newest(workload: str) -> dict | None:
 
 
 def measured() -> str:
-    """`prefix` and `ragged`, this stage against the previous one, each figure beside its goal."""
+    """`prefix`, `chat` and `ragged`, this stage against the previous one, each figure beside its goal."""
     rows, missing = [], []
     for w, figures in FIGURES.items():
         r = _newest(w)

@@ -48,6 +48,48 @@ def test_every_measured_run_starts_with_a_cold_prefix_cache():
     assert e.calls == ["reset", "generate"] * 2
 
 
+def test_chat_sends_each_turn_after_the_answer_before_it_with_every_earlier_message_and_answer():
+    """The chat driver over a fake step API that answers each request with [prompt length] * max_tokens, one
+    token a step: turn k's prompt is turn k-1's prompt, its answer and turn k's message; every turn gets a time to
+    first token."""
+    from common.bench.measure import chat_once
+    from common.sampling import SamplingParams
+
+    class Engine:
+        def __init__(self):
+            self.live, self.sent = {}, []
+
+        def add_request(self, prompt, params, request_id, detokenize):
+            self.sent.append((request_id, list(prompt)))
+            self.live[request_id] = (len(prompt), params.max_tokens, [])
+            return request_id
+
+        def has_unfinished_requests(self):
+            return bool(self.live)
+
+        def step(self):
+            from common.outputs import RequestOutput
+            outs = []
+            for rid, (n, m, got) in list(self.live.items()):
+                got.append(n)
+                done = len(got) == m
+                outs.append(RequestOutput(rid, [], got, "", "length" if done else None, [n], ""))
+                if done:
+                    del self.live[rid]
+            return outs
+
+    p = SamplingParams(max_tokens=2)
+    conversations = [[([1, 2], p), ([3], p), ([4, 5, 6], p)], [([7], p), ([8], p), ([9], p)]]
+    e = Engine()
+    r = chat_once(e, conversations)
+    sent = dict(e.sent)
+    assert sent["chat-0-0"] == [1, 2] and sent["chat-0-1"] == [1, 2, 2, 2, 3]
+    assert sent["chat-0-2"] == [1, 2, 2, 2, 3, 5, 5, 4, 5, 6] and sent["chat-1-2"] == [7, 1, 1, 8, 4, 4, 9]
+    assert [k for k in r if k.startswith("ttft_ms_turn")] == ["ttft_ms_turn1", "ttft_ms_turn2", "ttft_ms_turn3"]
+    assert r["output_tok_per_s"] > 0 and r["total_s"] > 0
+    assert WORKLOADS["chat"].max_model_len == 4 * (256 + 256)
+
+
 def test_max_model_len_is_sized_for_the_workload():
     """`long` asks for 32768 prompt tokens: the default max_model_len of 4096 would refuse it."""
     assert WORKLOADS["long"].max_model_len == 32768 + 64 and WORKLOADS["ragged"].max_model_len == 2048

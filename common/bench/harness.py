@@ -43,9 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
-from common.bench.measure import device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up, waste
+from common.bench.measure import (chat_once, device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up,
+                                  waste)
 from common.bench.table import format_table, merge, spread_warnings, summarise
-from common.bench.workloads import BATCH_SIZES, LADDERS, LONG_LENGTHS, WORKLOADS, Workload, make_requests
+from common.bench.workloads import (BATCH_SIZES, LADDERS, LONG_LENGTHS, WORKLOADS, Workload, make_conversations,
+                                    make_requests)
 from common.checkpoint import Checkpoint
 from common.prompts import PromptError
 from common.synthetic import resolve_model
@@ -154,6 +156,8 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
                               | ({"max_batch_size": seqs, "max_num_seqs": seqs} if seqs else {}))
     except (MemoryError, PromptError) as e:   # GpuMemoryError, max_model_len past the model's: cannot hold it
         return {"unsupported": f"{type(e).__name__}: {e}"}
+    if workload == "chat" and not hasattr(engine, "add_request"):
+        return {"unsupported": f"{tag} has no step API (add_request, step): a turn is sent when the one before ends"}
     reqs = make_requests(workload, min(engine.config.vocab_size, 128000), prompt_tokens=prompt_tokens)
     prompts, params = [r[0] for r in reqs], [r[1] for r in reqs]
     info: dict = {"max_model_len": max_model_len, "weight_bytes": Checkpoint(resolve_model(model)).total_bytes}
@@ -178,6 +182,10 @@ def run_generate(tag: str, model: str, workload: str, repeats: int, prompt_token
         repeats = fewer
     runs = []
     for _ in range(repeats):
+        if workload == "chat":
+            runs.append(chat_once(engine, make_conversations(workload, min(engine.config.vocab_size, 128000))))
+            progress(f"repeat {len(runs)} of {repeats}: {run_figures(runs[-1], workload)}")
+            continue
         if workload == "batch":
             runs.append({f"output_tok_per_s_at_B{n}": generate_once(engine, prompts[:n], params[:n])[0]
                          for n in BATCH_SIZES})

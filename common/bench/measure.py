@@ -76,6 +76,44 @@ def generate_once(engine, prompts, params) -> tuple[float, list]:
     return rate, list(getattr(engine, "timings", []))
 
 
+def chat_once(engine, conversations) -> dict:
+    """Conversations through the step API, as a chat client sends them: every conversation's first turn at once,
+    each later turn when the answer before it has finished, its prompt every earlier message and answer followed
+    by its own message. The total time, output tok/s, and the median time to first token of each turn (from the
+    turn's add_request to its first token). The prefix cache, where there is one, starts empty."""
+    reset = getattr(engine, "reset_prefix_cache", None)
+    if reset is not None:
+        reset()
+    history = [[] for _ in conversations]                 # each conversation's messages and answers so far
+    turn, sent, ttft = [0] * len(conversations), {}, [[] for _ in conversations[0]]
+    generated = 0
+
+    def send(c: int) -> None:
+        message, params = conversations[c][turn[c]]
+        history[c] = history[c] + message
+        rid = engine.add_request(history[c], params, request_id=f"chat-{c}-{turn[c]}", detokenize=False)
+        sent[rid] = (c, time.perf_counter())
+
+    t0 = time.perf_counter()
+    for c in range(len(conversations)):
+        send(c)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            c, at = sent[out.request_id]
+            if at is not None and out.new_token_ids:        # the turn's first token
+                ttft[turn[c]].append(time.perf_counter() - at)
+                sent[out.request_id] = (c, None)
+            if out.finished:
+                history[c] = history[c] + list(out.token_ids)
+                generated += len(out.token_ids)
+                turn[c] += 1
+                if turn[c] < len(conversations[c]):
+                    send(c)
+    total = time.perf_counter() - t0
+    return {"total_s": total, "output_tok_per_s": generated / total,
+            **{f"ttft_ms_turn{k + 1}": 1e3 * statistics.median(v) for k, v in enumerate(ttft) if v}}
+
+
 def waste(engine) -> dict:
     """A batching engine's counts of the last generate() (its `stats`), where it keeps them."""
     stats = getattr(engine, "stats", None)

@@ -5,6 +5,8 @@
     batch    B = 1 .. 256 of 128 + 128          output tok/s at each B
     ragged   256 requests, 100..1024 each way   output tok/s (nano-vllm's bench.py workload)
     prefix   256 requests, one 2048-token system prompt + 32..512 of their own, 64..256 new: TTFT, output tok/s
+    chat     64 conversations of 4 turns, each turn every earlier one and its answer + 32..256 new tokens of
+             message, sent when the answer before it finished; 64..256 new: total time, TTFT by turn
     long     1 request of 2048, 8192, 32768     prefill tok/s, memory beyond the weights
     cpu      64 requests, 16..256 + 2..64       output tok/s of the tiny preset on a CPU (the numpy engines)
     load     stage01's: weights onto the GPU    GB/s against a plain read of the same bytes
@@ -21,7 +23,8 @@ from common.sampling import SamplingParams
 GROWTH_LENGTHS = (64, 256, 1024)
 BATCH_SIZES = (1, 8, 32, 64, 128, 256)   # `batch`: the first B of its 256 requests, given to generate() together;
 #                                         128 and 256 are where the host's share of a step shows
-LONG_LENGTHS = (2048, 8192, 32768)  # `long`: one prompt of each length, each in its own process
+LONG_LENGTHS = (2048, 8192, 32768)
+CHAT_TURNS = 4  # `long`: one prompt of each length, each in its own process
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,11 @@ class Workload:
     lower_is_better: bool = False
     columns: tuple[str, ...] = ()    # further figures the table shows
     shared_prefix: int = 0           # tokens every prompt starts with (a system prompt), before its own
+    turns: int = 1                   # a conversation's turns (chat): each prompt holds every turn before it
 
     @property
     def max_model_len(self) -> int:
-        return self.shared_prefix + self.prompt_tokens[1] + self.new_tokens[1]
+        return self.shared_prefix + self.turns * (self.prompt_tokens[1] + self.new_tokens[1])
 
 
 WORKLOADS = {w.name: w for w in [
@@ -60,6 +64,10 @@ WORKLOADS = {w.name: w for w in [
              "2048-token system prompt and 32..512 tokens of its own", ("ttft_ms", "output_tok_per_s"),
              columns=("ms_per_decode_step", "queue_ms", "max_running", "preemptions", "host_time_share"),
              shared_prefix=2048),
+    Workload("chat", 64, (32, 256), (64, 256), "total time and time to first token by turn: 64 conversations of "
+             f"{CHAT_TURNS} turns, each turn every earlier message and answer plus a new message, sent when the "
+             "answer before it finished", ("total_s",), lower_is_better=True,
+             columns=("output_tok_per_s", *(f"ttft_ms_turn{k}" for k in range(1, CHAT_TURNS + 1))), turns=CHAT_TURNS),
     Workload("long", 1, (LONG_LENGTHS[-1], LONG_LENGTHS[-1]), (64, 64),
              "prefill tok/s (prompt tokens / time to first token) at 2048, 8192, 32768; memory beyond the weights",
              tuple(f"prefill_tok_per_s_at_{n}" for n in LONG_LENGTHS),
@@ -98,6 +106,18 @@ LADDERS = {
                    "a 32K prefill, 4 of them an engine; stage06's chapter compares them at every length); hf and "
                    "hf-compile (hf-sdpa is the transformers attention a user would pick for long prompts)"),
 }
+
+
+def make_conversations(name: str = "chat", vocab_size: int = 128000, seed: int = 0
+                       ) -> list[list[tuple[list[int], SamplingParams]]]:
+    """A multi-turn workload's conversations: each a list of turns, (the new message's token ids, params); a turn's
+    prompt is every earlier message and answer followed by its message (common/bench/measure.chat_once)."""
+    w = WORKLOADS[name]
+    rng = np.random.default_rng(seed)
+    return [[(rng.integers(0, vocab_size, int(rng.integers(w.prompt_tokens[0], w.prompt_tokens[1] + 1))).tolist(),
+              SamplingParams(max_tokens=int(rng.integers(w.new_tokens[0], w.new_tokens[1] + 1)), temperature=0.0,
+                             ignore_eos=True))
+             for _ in range(w.turns)] for _ in range(w.requests)]
 
 
 def make_requests(name: str, vocab_size: int = 128000, seed: int = 0, prompt_tokens: int | None = None

@@ -194,3 +194,17 @@ def test_a_reset_forgets_every_cached_block_and_is_refused_while_requests_run(ti
     eng.add_request(prompts[0], params[0])
     with pytest.raises(RuntimeError, match="no unfinished requests"):
         eng.reset_prefix_cache()
+
+
+def test_a_conversation_s_later_turns_find_its_earlier_ones(tiny_dir):
+    """The chat workload's driver (common/bench/measure.chat_once) over this engine: a turn's prompt is every earlier
+    message and answer, whose blocks the turns before computed and left cached."""
+    from common.bench.measure import chat_once
+
+    rng = np.random.default_rng(6)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    conversations = [[(rng.integers(0, 128000, 10).tolist(), greedy) for _ in range(3)] for _ in range(3)]
+    eng = CpuEngine(str(tiny_dir), max_model_len=96, max_num_seqs=3, block_size=4)
+    r = chat_once(eng, conversations)
+    assert {"ttft_ms_turn1", "ttft_ms_turn2", "ttft_ms_turn3"} <= set(r)
+    assert eng.llm.blocks.hit_tokens >= 2 * 3 * 12           # turns 2 and 3 find at least 3 blocks each
