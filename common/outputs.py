@@ -16,6 +16,7 @@ class RequestOutput:
     #                               while running
     new_token_ids: list[int] = field(default_factory=list)   # step(): the tokens this step added
     text_delta: str = ""          # step(): the text they completed (a partial UTF-8 character waits for the next)
+    num_cached_tokens: int = 0    # prompt tokens found in a prefix cache at its first admission (vLLM's name)
 
     @property
     def finished(self) -> bool:

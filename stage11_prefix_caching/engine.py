@@ -123,10 +123,15 @@ class Engine:
     def kv_cache_usage(self) -> float:
         return self.llm.kv_cache_usage()
 
+    def prefix_cache_stats(self) -> tuple[int, int]:
+        """(prompt tokens looked up in the prefix cache, tokens found) over the requests' first admissions so far:
+        vLLM's prefix_cache_queries and prefix_cache_hits."""
+        return self.llm.blocks.query_tokens, self.llm.blocks.hit_tokens
+
     def prefix_cache_hit_rate(self) -> float:
         """The share of prompt tokens found in the prefix cache at their requests' first admission, so far."""
-        blocks = self.llm.blocks
-        return blocks.hit_tokens / blocks.query_tokens if blocks.query_tokens else 0.0
+        queries, hits = self.prefix_cache_stats()
+        return hits / queries if queries else 0.0
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (vLLM's name): later requests compute their prefixes again (benchmarks start

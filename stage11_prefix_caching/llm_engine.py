@@ -185,14 +185,14 @@ class LLMEngine:
                 if seq.finished:
                     self._forget(seq.request_id)
                 outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, "", seq.finish_reason,
-                                          [seq.new[-1]], ""))
+                                          [seq.new[-1]], "", seq.num_cached_tokens))
                 continue
             if text is FINAL_ONLY:                 # nothing until it finishes, then all its text
                 if seq.finished:
                     self._forget(seq.request_id)
                     text = self.tokenizer.decode(seq.new)
                     outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, text, seq.finish_reason,
-                                              seq.new, text))
+                                              seq.new, text, seq.num_cached_tokens))
                 continue
             delta = text.step(seq.new[-1])
             if seq.finished:                       # the last delta flushes a held-back partial character
@@ -201,7 +201,7 @@ class LLMEngine:
             # token_ids is the sequence's own list, which later steps extend (copy it to keep a snapshot): a copy
             # of every running request's tokens at every step is O(tokens) of host time the GPU would wait for
             outs.append(RequestOutput(seq.request_id, seq.prompt, seq.new, text.text, seq.finish_reason,
-                                      [seq.new[-1]], delta))
+                                      [seq.new[-1]], delta, seq.num_cached_tokens))
         return outs
 
     def _forget(self, request_id) -> None:

@@ -128,6 +128,33 @@ def test_the_server_over_the_remote_engine(remote, tiny_dir):
         running.close()
 
 
+@pytest.mark.parametrize("own_process", [True, False])
+def test_a_prefix_cache_s_hits_reach_usage_and_metrics(tiny_dir, own_process):
+    """stage11's engine (its prefix cache) behind the server, in its own process and in this one: a request
+    whose prompt repeats an earlier one's finds its blocks, and says so in usage (OpenAI's
+    prompt_tokens_details.cached_tokens) and in /metrics (vLLM's prefix cache queries and hits, in tokens)."""
+    from .test_serve_cpu import MODEL, Running, metric
+
+    args = ("11", str(tiny_dir), 96)
+    engine = EngineProcess(build_engine, *args) if own_process else build_engine(*args)
+    running = Running(engine)
+    try:
+        prompt = list(range(1000, 1040))                   # 40 tokens: 2 full blocks of 16 before its last
+        kw = {"model": MODEL, "max_tokens": 3, "temperature": 0, "extra_body": {"ignore_eos": True}}
+        first = running.client().completions.create(prompt=prompt, **kw)
+        again = running.client().completions.create(prompt=prompt, stream=True,
+                                                    stream_options={"include_usage": True}, **kw)
+        usage = [c.usage for c in again if c.usage][-1]
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert usage.prompt_tokens_details.cached_tokens == 32
+        assert metric(running.url, "tiny_vllm:prefix_cache_queries_total") == 80
+        assert metric(running.url, "tiny_vllm:prefix_cache_hits_total") == 32
+    finally:
+        running.close()
+        if own_process:
+            engine.close()
+
+
 def test_when_the_engine_process_dies_requests_end_and_health_says_so(tiny_dir):
     import json
     import urllib.error

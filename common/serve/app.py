@@ -138,9 +138,9 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
             raise OpenAIError(500, f"the engine refused the request: {type(e).__name__}: {e}") from None
 
     async def deltas(rid, sink, stops):
-        """(text, finish_reason, completion tokens, new token ids) per step (or per several, merged, when this
-        handler fell behind), stop strings applied; the engine's request is aborted when a stop string ends it
-        early or the consumer goes away."""
+        """(text, finish_reason, completion tokens, new token ids, prompt tokens found in the prefix cache) per
+        step (or per several, merged, when this handler fell behind), stop strings applied; the engine's request
+        is aborted when a stop string ends it early or the consumer goes away."""
         matcher, engine_done, detok, ids = StopMatcher(stops), False, tokenizer.stream(), []
         try:
             while True:
@@ -154,14 +154,14 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
                     text += detok.finish(ids)
                 text = matcher.feed(text)
                 if matcher.stopped:                # the engine's request runs on: the finally aborts it
-                    yield text, "stop", d.num_tokens, d.token_ids
+                    yield text, "stop", d.num_tokens, d.token_ids, d.num_cached_tokens
                     return
                 if d.finish_reason is not None:
                     engine_done = True
                     yield (text + matcher.flush(), "stop" if d.finish_reason == "stop" else "length", d.num_tokens,
-                           d.token_ids)
+                           d.token_ids, d.num_cached_tokens)
                     return
-                yield text, None, d.num_tokens, d.token_ids
+                yield text, None, d.num_tokens, d.token_ids, d.num_cached_tokens
                 if failed is not None:
                     raise failed
         finally:
@@ -176,7 +176,8 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
             nxt = sink.get_nowait()
             if isinstance(nxt, EngineFailed):
                 return d, nxt
-            d = Delta(d.token_ids + nxt.token_ids, nxt.num_tokens, nxt.finish_reason)
+            d = Delta(d.token_ids + nxt.token_ids, nxt.num_tokens, nxt.finish_reason,
+                      max(d.num_cached_tokens, nxt.num_cached_tokens))
         return d, None
 
     async def respond(req, rid, sink, stops, prompt_ids: list[int], chat: bool):
@@ -185,8 +186,9 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
 
         prompt_tokens, created = len(prompt_ids), int(time.time())      # every chunk says the same time (OpenAI)
 
-        def usage(n):
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+        def usage(n, cached):
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
+                    "prompt_tokens_details": {"cached_tokens": cached}}                    # OpenAI's shape
 
         def body(obj, choices, **extra):
             return {"id": oid, "object": obj, "created": created, "model": model_name, "choices": choices, **extra}
@@ -202,16 +204,17 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
         ids_extra = {"prompt_token_ids": prompt_ids} if req.return_token_ids else {}
 
         if not req.stream:
-            text, reason, n, ids = "", None, 0, []
+            text, reason, n, ids, cached = "", None, 0, [], 0
             try:
-                async for piece, reason, n, new in deltas(rid, sink, stops):
+                async for piece, reason, n, new, found in deltas(rid, sink, stops):
                     text += piece
                     ids += new
+                    cached = max(cached, found)
             except EngineFailed as e:
                 raise OpenAIError(500, f"the engine failed this request: {e}") from None
             except Exception as e:  # noqa: BLE001  this request's own processing broke: it alone fails
                 raise OpenAIError(500, f"the server failed this request: {type(e).__name__}: {e}") from None
-            return body(kind, [choice(text, reason, False, ids)], usage=usage(n), **ids_extra)
+            return body(kind, [choice(text, reason, False, ids)], usage=usage(n, cached), **ids_extra)
 
         chunk = f"{kind}.chunk" if chat else kind
 
@@ -219,12 +222,13 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
             return f"data: {json.dumps(obj)}\n\n"
 
         async def sse():
-            n, first = 0, ids_extra       # the prompt's ids (return_token_ids) go in the first chunk only
+            n, cached, first = 0, 0, ids_extra    # the prompt's ids (return_token_ids) go in the first chunk only
             if chat:                      # OpenAI's first chunk names the role
                 yield event(body(chunk, [choice({"role": "assistant", "content": ""}, None, True)], **first))
                 first = {}
             try:
-                async for piece, reason, n, new in deltas(rid, sink, stops):
+                async for piece, reason, n, new, found in deltas(rid, sink, stops):
+                    cached = max(cached, found)
                     if piece or reason or req.return_token_ids:
                         yield event(body(chunk, [choice({"content": piece} if chat else piece, reason, True, new)],
                                          **first))
@@ -234,7 +238,7 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
             except Exception as e:  # noqa: BLE001  this request's own processing broke: it alone fails
                 yield event(OpenAIError(500, f"the server failed this request: {type(e).__name__}: {e}").body())
             if req.stream_options and req.stream_options.include_usage:
-                yield event(body(chunk, [], usage=usage(n)))
+                yield event(body(chunk, [], usage=usage(n, cached)))
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(sse(), media_type="text/event-stream")

@@ -34,6 +34,7 @@ class Delta:
     token_ids: list[int]
     num_tokens: int
     finish_reason: str | None
+    num_cached_tokens: int = 0   # its prompt tokens found in the engine's prefix cache (usage's cached_tokens)
 
 
 class EngineFailed(Exception):
@@ -184,7 +185,8 @@ class EngineLoop:
                 continue
             (ttft if live.last is None else itl).append(now - (live.queued if live.last is None else live.last))
             live.last = now
-            sends.append((live.sink, Delta(list(o.new_token_ids), len(o.token_ids), o.finish_reason)))
+            sends.append((live.sink, Delta(list(o.new_token_ids), len(o.token_ids), o.finish_reason,
+                                           o.num_cached_tokens)))
             if o.finish_reason is not None:
                 del self._live[o.request_id]
                 m.finished.labels(o.finish_reason).inc()
@@ -201,6 +203,9 @@ class EngineLoop:
         self.metrics.running.set(self.num_running)
         self.metrics.waiting.set(self.num_waiting)
         self.metrics.kv_cache_usage.set(self.engine.kv_cache_usage())
+        stats = getattr(self.engine, "prefix_cache_stats", None)     # an engine with a prefix cache
+        if stats is not None and (now := stats()) is not None:
+            self.metrics.count_prefix_cache(*now)
 
     @property
     def dead(self) -> str | None:

@@ -111,20 +111,21 @@ class EngineProcess:
                 self._steps.pop(0)
                 raise value
             self._steps.pop(0)
-            rids, counts, ids, finished = value
+            rids, counts, ids, finished, cached = value
             at = 0
             for rid, n in zip(rids, counts):
                 at += n
                 if rid not in self._tokens:  # aborted on this side already
                     continue
-                got = merged.setdefault(rid, [[], None])
+                got = merged.setdefault(rid, [[], None, 0])
                 got[0] += ids[at - n:at]
                 got[1] = finished.get(rid)
+                got[2] = max(got[2], cached.get(rid, 0))
         outs = []
-        for rid, (new, reason) in merged.items():
+        for rid, (new, reason, n_cached) in merged.items():
             ids = self._tokens[rid] if reason is None else self._tokens.pop(rid)
             ids += new
-            outs.append(RequestOutput(rid, [], ids, "", reason, new, ""))   # prompt ids and text: not carried
+            outs.append(RequestOutput(rid, [], ids, "", reason, new, "", n_cached))   # prompt ids, text: not carried
         return outs
 
     def has_unfinished_requests(self) -> bool:
@@ -135,6 +136,10 @@ class EngineProcess:
 
     def kv_cache_usage(self) -> float:
         return self._state[2]
+
+    def prefix_cache_stats(self) -> tuple[int, int] | None:
+        """The engine's (prefix cache queries, hits) in tokens, or None for an engine without a prefix cache."""
+        return self._state[3]
 
     def close(self, timeout: float = 30.0) -> None:
         if self._proc.is_alive():
@@ -173,7 +178,7 @@ class EngineProcess:
         """It crashed or was killed: nothing in it survives."""
         self._proc.join(5)
         self.dead = f"the engine process exited (exit code {self._proc.exitcode})"
-        self._state, self._tokens, self._steps = (False, (0, 0), 0.0), {}, []
+        self._state, self._tokens, self._steps = (False, (0, 0), 0.0, None), {}, []
         raise EngineDead(self.dead) from None
 
 
@@ -190,8 +195,10 @@ def _serve_engine(conn, factory, args) -> None:
     def busy() -> bool:
         return engine.has_unfinished_requests() and not stalled
 
+    prefix_cache_stats = getattr(engine, "prefix_cache_stats", lambda: None)   # an engine without one: None
+
     def state():
-        return busy(), engine.num_requests(), engine.kv_cache_usage()
+        return busy(), engine.num_requests(), engine.kv_cache_usage(), prefix_cache_stats()
 
     def add_requests(requests):
         out = []
@@ -224,31 +231,34 @@ def _serve_engine(conn, factory, args) -> None:
             conn.send(("step_error", _picklable(e), state()))
 
 
-def _flat(outputs) -> tuple[list, list, list, dict]:
+def _flat(outputs) -> tuple[list, list, list, dict, dict]:
     """Only what a step added crosses the pipe, in flat lists (request ids, how many new ids each, all the new ids
-    end to end, and the finish reasons of those that finished): a third of the time to pickle and unpickle that
-    one tuple a request takes (~35 us against ~140 for 256 requests, on a development CPU): time the engine's
-    step would wait for."""
-    rids, counts, ids, finished = [], [], [], {}
+    end to end, the finish reasons of those that finished, and the prompt tokens found in a prefix cache by those
+    whose first tokens these are): a third of the time to pickle and unpickle that one tuple a request takes (~35
+    us against ~140 for 256 requests, on a development CPU): time the engine's step would wait for."""
+    rids, counts, ids, finished, cached = [], [], [], {}, {}
     for o in outputs:
         rids.append(o.request_id)
         counts.append(len(o.new_token_ids))
         ids += o.new_token_ids
         if o.finish_reason is not None:
             finished[o.request_id] = o.finish_reason
-    return rids, counts, ids, finished
+        if o.num_cached_tokens and len(o.token_ids) == len(o.new_token_ids):   # its first output
+            cached[o.request_id] = o.num_cached_tokens
+    return rids, counts, ids, finished, cached
 
 
 def _without(step: tuple, rid) -> tuple:
     """A step's flat outputs less one request's."""
-    rids, counts, ids, finished = step
+    rids, counts, ids, finished, cached = step
     keep, kept_ids, at = [], [], 0
     for r, n in zip(rids, counts):
         if r != rid:
             keep.append((r, n))
             kept_ids += ids[at:at + n]
         at += n
-    return [r for r, _ in keep], [n for _, n in keep], kept_ids, {r: f for r, f in finished.items() if r != rid}
+    return ([r for r, _ in keep], [n for _, n in keep], kept_ids, {r: f for r, f in finished.items() if r != rid},
+            {r: n for r, n in cached.items() if r != rid})
 
 
 def _picklable(e: BaseException) -> BaseException:

@@ -5,6 +5,8 @@
     tiny_vllm:kv_cache_usage_perc         gauge      the share of the KV cache held (0..1), as vLLM's
     tiny_vllm:prompt_tokens_total         counter    prompt tokens of the requests admitted
     tiny_vllm:generation_tokens_total     counter    tokens generated
+    tiny_vllm:prefix_cache_queries_total  counter    prompt tokens looked up in the prefix cache (engines with one)
+    tiny_vllm:prefix_cache_hits_total     counter    of which found there
     tiny_vllm:time_to_first_token_seconds histogram  request queued -> its first token
     tiny_vllm:inter_token_latency_seconds histogram  between a request's tokens
     tiny_vllm:request_success_total       counter    finished requests, by finish reason (abort included)
@@ -48,6 +50,18 @@ class ServerMetrics:
         self.loop_gap = Histogram("tiny_vllm:engine_loop_gap_seconds", "loop time between steps",
                                   buckets=_STEP_BUCKETS, registry=r)
         self.finished = Counter("tiny_vllm:request_success", "finished requests", ["finished_reason"], registry=r)
+        self.prefix_queries = Counter("tiny_vllm:prefix_cache_queries", "prompt tokens looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter("tiny_vllm:prefix_cache_hits", "prompt tokens found in the prefix cache",
+                                   registry=r)
+        self._prefix_seen = (0, 0)
+
+    def count_prefix_cache(self, queries: int, hits: int) -> None:
+        """The engine's running totals; the counters take what they add since the last call."""
+        q0, h0 = self._prefix_seen
+        self.prefix_queries.inc(max(0, queries - q0))
+        self.prefix_hits.inc(max(0, hits - h0))
+        self._prefix_seen = (queries, hits)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)
