@@ -9,9 +9,10 @@ import pytest
 pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
 pytest.importorskip("openai", reason="the server tests use the openai client (the dev extra)")
 
-from common.bench.serving import check, figures, idle_metrics, plan, send_all
+from common.bench.serving import check, figures, idle_metrics, plan, send_all, serve_runs
 from common.reference import ReferenceEngine
 from common.sampling import SamplingParams
+from common.serve.engines import build_engine
 
 from .test_serve_cpu import MODEL, Recording, Running
 
@@ -57,6 +58,28 @@ def test_a_fault_run_aborts_the_clients_that_leave_and_refuses_the_malformed(run
     assert not any(idle_metrics(running.url).values())
     # a client that left before its last token was aborted (one that left as its last token came may finish)
     assert 0 < len(running.loop.engine.aborted) - before <= gone
+
+
+def test_every_run_starts_with_an_empty_prefix_cache_and_counts_its_own_hits(tiny_dir):
+    """Over stage11's engine: a prompt, another, and the first again, one at a time. Each run (the fault run too)
+    starts cold, as the engine alone's runs do, so only the repeat finds its two full blocks: 32 of 120 prompt
+    tokens in every run (without the reset, after the warm-up's same requests, all 96 of the full blocks')."""
+    a, b = list(range(1000, 1040)), list(range(2000, 2040))
+    reqs = [(p, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)) for p in (a, b, a)]
+    r = Running(build_engine("11", str(tiny_dir), 96))
+    try:
+        out = serve_runs(r.url, reqs, MODEL, concurrency=1, rate=float("inf"), repeats=2, fault=True)
+    finally:
+        r.close()
+    assert out["problems"] == [] == out["fault"]["problems"]
+    assert [(run["prefix_cache_queries"], run["prefix_cache_hits"]) for run in out["runs"] + [out["fault"]]] == [
+        (120, 32)] * 3
+
+
+def test_runs_over_an_engine_without_a_prefix_cache_count_none(running):
+    out = serve_runs(running.url, requests(n=4), MODEL, concurrency=2, rate=float("inf"), repeats=1, fault=False)
+    assert out["problems"] == [] and out["runs"][0]["completed"] == 4
+    assert not {"prefix_cache_queries", "prefix_cache_hits"} & set(out["runs"][0])
 
 
 def test_check_names_a_request_short_of_its_tokens():

@@ -2,6 +2,7 @@
 engine gives in this one: the same tokens, the engine's own validation errors, aborts; and the server runs over
 it with the openai client; the engine steps on its own, and the server takes its steps when it can."""
 import time
+import urllib.request
 
 import pytest
 
@@ -153,6 +154,65 @@ def test_a_prefix_cache_s_hits_reach_usage_and_metrics(tiny_dir, own_process):
         running.close()
         if own_process:
             engine.close()
+
+
+def slow_prefix_engine(folder):
+    """stage11's CPU engine (a prefix cache), each step 20 ms longer: a request of 60 tokens runs over a second."""
+    from stage11_prefix_caching.cpu_engine import CpuEngine
+
+    class Slow(CpuEngine):
+        def step(self):
+            time.sleep(0.02)
+            return super().step()
+
+    return Slow(folder, max_model_len=96)
+
+
+@pytest.mark.parametrize("own_process", [True, False])
+def test_reset_prefix_cache_empties_the_cache_and_is_refused_while_a_request_runs(tiny_dir, own_process):
+    """POST /reset_prefix_cache (vLLM's route) over stage11's engine, in its own process and in this one: a
+    prompt sent again after it finds nothing cached; while a request runs it is a 409 in the engine's one line,
+    and the cache stays as it was."""
+    from .test_serve_cpu import MODEL, Running, metric, post
+
+    engine = EngineProcess(slow_prefix_engine, str(tiny_dir)) if own_process else slow_prefix_engine(str(tiny_dir))
+    running = Running(engine)
+    try:
+        client, url = running.client(), running.url
+        kw = {"model": MODEL, "max_tokens": 3, "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+        def cached() -> int:
+            got = client.completions.create(prompt=list(range(1000, 1040)), **kw)
+            return got.usage.prompt_tokens_details.cached_tokens
+
+        assert cached() == 0 and cached() == 32                # the second finds the first's two full blocks
+        request = urllib.request.Request(url + "/reset_prefix_cache", b"", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as r:
+            assert (r.status, r.read()) == (200, b"")
+        assert cached() == 0
+        stream = client.completions.create(**(kw | {"max_tokens": 60}), prompt="a long one", stream=True)
+        next(iter(stream))
+        code, answer = post(url + "/reset_prefix_cache", None)
+        want = "reset_prefix_cache() needs an engine with no unfinished requests"     # the engine's one line
+        assert (code, answer["error"]["message"]) == (409, want), answer
+        stream.close()
+        assert cached() == 32                                   # the refused reset left the cache alone
+        assert metric(url, "tiny_vllm:prefix_cache_hits_total") == 64
+    finally:
+        running.close()
+        if own_process:
+            engine.close()
+
+
+def test_a_prefix_cache_reset_over_an_engine_without_one_is_a_400_in_its_own_process_too(remote):
+    from .test_serve_cpu import Running, post
+
+    running = Running(remote)
+    try:
+        code, answer = post(running.url + "/reset_prefix_cache", None)
+        assert code == 400 and answer["error"]["message"].startswith("the engine has no prefix cache"), answer
+    finally:
+        running.close()
 
 
 def test_when_the_engine_process_dies_requests_end_and_health_says_so(tiny_dir):

@@ -322,6 +322,12 @@ def test_models_and_health(client, server):
         assert json.loads(r.read()) == {"status": "ok"}
 
 
+def test_a_prefix_cache_reset_over_an_engine_without_one_is_a_400(server):
+    code, answer = post(server[0] + "/reset_prefix_cache", None)
+    want = "the engine has no prefix cache to reset (stage11 and later have one)"
+    assert (code, answer["error"]["message"]) == (400, want), answer
+
+
 def metric(url, name) -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         return read_metric(r.read().decode(), name)

@@ -9,7 +9,9 @@ completions by concurrent clients, against the same requests through the engine 
    `POST /v1/completions` with `stream: true` (its token ids as the prompt, greedy, ignore_eos, its max_tokens),
    at most --concurrency at a time, arriving all at once or as a Poisson process of --request-rate per second.
    Per run: output tok/s (completion tokens / the run's wall time), TTFT and inter-token latency p50 and p99.
-   After every run /metrics must show no request running or waiting and no KV cache held.
+   After every run /metrics must show no request running or waiting and no KV cache held. An engine with a
+   prefix cache starts every run with it empty (POST /reset_prefix_cache), as the engine alone does, and each
+   run records the prompt tokens looked up in it and found there.
 3. --fault: one more run where 20% of the clients disconnect after a random number of tokens and 5% of the
    requests are malformed; every other request must complete with all its tokens, each malformed one must get
    a 400, and /metrics must again read zero.
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +51,8 @@ SERVED = sorted(name for name, w in WORKLOADS.items() if w.requests)   # not `lo
 
 DISCONNECT_SHARE, MALFORMED_SHARE = 0.20, 0.05
 IDLE_METRICS = ("tiny_vllm:num_requests_running", "tiny_vllm:num_requests_waiting", "tiny_vllm:kv_cache_usage_perc")
+PREFIX_METRICS = {"prefix_cache_queries": "tiny_vllm:prefix_cache_queries_total",
+                  "prefix_cache_hits": "tiny_vllm:prefix_cache_hits_total"}
 MALFORMED = (b'{"model": "m", "prompt": [1, 2, 3], "max_tokens": ',            # cut off: not JSON
              b'{"model": "m", "prompt": [1, 2, 3], "temperature": "hot"}',     # a wrong type
              b'{"model": "m", "prompt": [1, 2, 3], "max_tokens": 0}',          # an invalid value
@@ -137,6 +142,38 @@ def step_means(url: str) -> dict:
     return out
 
 
+def reset_prefix_cache(url: str) -> bool:
+    """Empty the server's prefix cache, so that a run does not find the blocks of the runs before it (the engine
+    alone starts each run cold too: measure.generate_once). False for an engine without one (its 400); any other
+    refusal ends the benchmark rather than let it measure a warm cache."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", b"", method="POST"),
+                                    timeout=60):
+            return True
+    except urllib.error.HTTPError as e:
+        if e.code == 400:
+            return False
+        raise SystemExit(f"POST /reset_prefix_cache: HTTP {e.code}: {e.read().decode(errors='replace')}") from None
+
+
+def prefix_counts(url: str) -> dict:
+    """The prefix cache's counters so far (prompt tokens looked up, found), from /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {key: read_metric(text, name) for key, name in PREFIX_METRICS.items()}
+
+
+def timed_run(url: str, host: str, port: int, planned: list[Planned], concurrency: int, rate: float, seed: int
+              ) -> tuple[list[StreamResult], float, dict]:
+    """send_all from an empty prefix cache, where the engine has one; with the prompt tokens this run looked up
+    in it and found there (none for an engine without one)."""
+    cached = reset_prefix_cache(url)
+    before = prefix_counts(url)
+    results, wall = asyncio.run(send_all(host, port, planned, concurrency, rate, seed=seed))
+    after = prefix_counts(url)
+    return results, wall, ({k: int(after[k] - before[k]) for k in after} if cached else {})
+
+
 def idle_metrics(url: str, wait_s: float = 10.0) -> dict:
     """The idle gauges once the server has caught up (an abort lands at the engine's next step)."""
     deadline = time.monotonic() + wait_s
@@ -193,18 +230,18 @@ def serve_runs(url: str, requests, model: str, concurrency: int, rate: float, re
     for i in range(repeats):
         planned = plan(requests, model, fault=False)
         before = step_means(url)
-        results, wall = asyncio.run(send_all(host, port, planned, concurrency, rate, seed=i))
+        results, wall, prefix = timed_run(url, host, port, planned, concurrency, rate, seed=i)
         problems += check(planned, results)
         after = step_means(url)
         means = {f"mean_{k}_ms": 1e3 * (after[k][0] - before[k][0]) / max(1.0, after[k][1] - before[k][1])
                  for k in after}
-        runs.append(figures(planned, results, wall) | means | {"idle_after": idle_metrics(url)})
+        runs.append(figures(planned, results, wall) | means | prefix | {"idle_after": idle_metrics(url)})
         print(f"server run {i + 1} of {repeats}: " + json.dumps(runs[-1]), file=sys.stderr, flush=True)
     out = {"runs": runs, "problems": problems}
     if fault:
         planned = plan(requests, model, fault=True, seed=1)
-        results, wall = asyncio.run(send_all(host, port, planned, concurrency, rate, seed=99))
-        out["fault"] = figures(planned, results, wall) | {
+        results, wall, prefix = timed_run(url, host, port, planned, concurrency, rate, seed=99)
+        out["fault"] = figures(planned, results, wall) | prefix | {
             "disconnected": sum(p.disconnect_after is not None for p in planned),
             "malformed": sum(p.malformed for p in planned), "problems": check(planned, results),
             "idle_after": idle_metrics(url)}

@@ -7,7 +7,8 @@
     engine_loop.py    the one thread that owns the engine (or its process's proxy) and drives step(); handlers
                       talk to it by messages
     app.py            the FastAPI routes: /v1/completions, /v1/chat/completions (streaming or not), /v1/models,
-                      /health, /metrics; prompts encoded off the event loop; a client that leaves is aborted
+                      /health, /metrics; prompts encoded off the event loop; a client that leaves is aborted;
+                      POST /reset_prefix_cache (vLLM's) empties a prefix cache between two steps
     protocol.py       request bodies, the fields accepted, refused or ignored, their SamplingParams
     errors.py         every error in OpenAI's shape, the framework's own included
     stops.py          stop strings on the detokenised text, held back across token boundaries

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from common.prompts import PromptError
 
 from . import errors
-from .engine_loop import Delta, EngineFailed, EngineLoop, ShuttingDown
+from .engine_loop import Delta, EngineFailed, EngineLoop, NoPrefixCache, ShuttingDown
 from .protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from .stops import StopMatcher
 
@@ -82,6 +82,18 @@ def build_app(loop: EngineLoop, model_name: str, max_waiting: int = 1024) -> Fas
     @app.get("/metrics")
     async def metrics():
         return Response(loop.metrics.text(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        """vLLM's route: the engine forgets every cached block, so that a benchmark's next run starts cold. A 400
+        over an engine without a prefix cache, a 409 while requests run (the engine's own words)."""
+        try:
+            await loop.reset_prefix_cache()
+        except (NoPrefixCache, RuntimeError) as e:
+            if loop.dead:
+                raise OpenAIError(503, f"the engine is not running: {loop.dead}") from None
+            raise OpenAIError(400 if isinstance(e, NoPrefixCache) else 409, str(e)) from None
+        return Response(status_code=200)                       # vLLM's answer: no body
 
     @app.get("/v1/models")
     async def models():

@@ -5,6 +5,7 @@
     loop thread: engine.step() --> each RequestOutput's token ids --> that request's asyncio.Queue
                  (one call_soon_threadsafe per step for all of them)
     handler --abort(id)--> inbox --> loop thread: engine.abort_request (a disconnect frees its slot by the next step)
+    handler --reset_prefix_cache()--> inbox --> loop thread: engine.reset_prefix_cache (its error to the handler)
 
 The engine is not thread-safe and need not be: only this thread touches it. It hands out token ids only
 (detokenize=False): the handlers turn them into text on the event loop's thread, which runs while this one waits
@@ -43,6 +44,10 @@ class EngineFailed(Exception):
 
 class ShuttingDown(Exception):
     """The loop has stopped; no request is taken any more."""
+
+
+class NoPrefixCache(Exception):
+    """The engine has no prefix cache to reset (engines before stage11)."""
 
 
 @dataclass
@@ -93,6 +98,13 @@ class EngineLoop:
     def abort(self, request_id) -> None:
         self._put(("abort", request_id), missing_ok=True)
 
+    async def reset_prefix_cache(self) -> None:
+        """Empty the engine's prefix cache between two steps. Raises NoPrefixCache for an engine without one,
+        and the engine's RuntimeError while requests run."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._put(("reset_prefix_cache", done))
+        await asyncio.wrap_future(done)
+
     def _put(self, message, missing_ok: bool = False) -> None:
         with self._lock:
             if self._stopped:
@@ -125,6 +137,9 @@ class EngineLoop:
                 if m[0] == "stop":
                     self._shut_down()
                     return
+                if m[0] == "reset_prefix_cache":
+                    self._reset_prefix_cache(m[1])
+                    continue
                 self._abort(m[1])
             self._add_all(adds)
             if self.engine.has_unfinished_requests():
@@ -169,6 +184,17 @@ class EngineLoop:
             self.engine.abort_request(rid)
             del self._live[rid]
             self.metrics.finished.labels("abort").inc()
+
+    def _reset_prefix_cache(self, done) -> None:
+        stats = getattr(self.engine, "prefix_cache_stats", None)     # as _count: None without a prefix cache
+        try:
+            if stats is None or stats() is None:
+                raise NoPrefixCache("the engine has no prefix cache to reset (stage11 and later have one)")
+            self.engine.reset_prefix_cache()
+        except Exception as e:  # noqa: BLE001  the handler answers it
+            done.set_exception(e)
+        else:
+            done.set_result(None)
 
     def _step(self) -> None:
         try:
@@ -231,7 +257,7 @@ class EngineLoop:
                 m = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if m[0] == "add":
+            if m[0] in ("add", "reset_prefix_cache"):           # their handlers wait on the last item
                 m[-1].set_exception(ShuttingDown("the server is shutting down"))
         self._fail_all("server shutting down")
         self._count()

@@ -141,6 +141,10 @@ class EngineProcess:
         """The engine's (prefix cache queries, hits) in tokens, or None for an engine without a prefix cache."""
         return self._state[3]
 
+    def reset_prefix_cache(self) -> None:
+        """Empty the engine's prefix cache (its RuntimeError, while requests run, is raised here)."""
+        self._call("reset_prefix_cache")
+
     def close(self, timeout: float = 30.0) -> None:
         if self._proc.is_alive():
             try:
