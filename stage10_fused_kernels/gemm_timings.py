@@ -1,15 +1,16 @@
-"""The GEMM timings behind the kernel each small GEMM takes (graphs.pick_gemms), kept on disk per machine, so every
-engine on it takes the kernels the first one timed.
+"""The GEMM timings behind the kernels a small step takes (graphs.pick_gemms, pick_fused), kept on disk per machine,
+so every engine on it takes the kernels the first one timed.
 
-Timing anew at every start is noisy: where gemv.cu's warps a column, or its gain over cuBLAS, sit near a tie, two
+Timing anew at every start is noisy: where gemv.cu's warps a column, or fused against unfused, sit near a tie, two
 engines on one machine could pick differently, round their logits differently, and part at a near-tie greedy token
 (the server's tests compare two engines token for token). Kept, the first engine's timing decides for every later
 one: the same kernels, the same bits. It also saves the start its timing took (about a second for the 1B).
 
 The file is named by a hash of everything that can change what a timing means: the GPU's name, cuBLAS's version
 (which picks its kernel for a shape), gemv.cu and pdl.cuh as compiled, and the warps a column tried.
-An entry is keyed by kind, M, N, K and the number of layers timed (their weights stream from HBM, not L2, only when
-there are enough of them). Delete the file to time again.
+An entry is keyed by its kind ("gemv": one GEMM's warps; "fused": a layer fused against unfused), the GEMM's name,
+M and the shapes, and the number of layers timed (their weights stream from HBM, not L2, only when there are
+enough of them). Delete the file to time again.
 
     timings = GemmTimings.for_model(model)     # this machine's file, read if it exists
     timings.get(kind, key) / put(kind, key, value)

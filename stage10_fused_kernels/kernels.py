@@ -29,6 +29,8 @@ GEMV_WARPS = 8           # its warps a block: 8 / column_warps output columns, c
 GEMV_KEYS_PER_WARP = 2048   # a column's row of K weights gets a warp per 2048 of them (1, 2, 4 or 8 warps),
 #                             unless the caller picks the warps a column (graphs.pick_gemms times each)
 GEMV_COLUMN_WARPS = (1, 2, 4, 8)   # warps a column: they share a block's 8 warps
+GEMV_SILU_MAX_WARPS = 4   # gemv_norm_silu's: a block holds a gate column and its up column
+GEMV_KINDS = ("gemv", "gemv_norm", "gemv_norm_silu", "gemv_residual")   # gemv.cu's kernels, each M = 1..8
 
 
 def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
@@ -72,7 +74,7 @@ def _arg(a: DeviceArray | None) -> np.uint64:
 # "gemm": a GEMM, taking the next of the step's fixed order as cuBLAS's kernels do; None: never in a decode step.
 PROFILE_GROUPS = {
     "embedding_gather": "embedding", "checksum_u16": None, "rms_norm": "norms", "add_rms_norm": "norms",
-    "rope_kv_write": "rope + kv_write", "silu_mul": "silu_mul", "attention_*": "attention", "gemv_m*": "gemm",
+    "rope_kv_write": "rope + kv_write", "silu_mul": "silu_mul", "attention_*": "attention", "gemv_*": "gemm",
     "sample_tokens": "sample", "block_table_write": "block tables",
 }
 # A kernel doing the work of several groups -> those groups: its floor is theirs added.
@@ -100,7 +102,8 @@ class Kernels:
         self._rope_kv_write, = load("rope_kv_write.cu", "rope_kv_write")
         self._block_table_write, = load("block_table.cu", "block_table_write")
         self._sample, = load("sampling.cu", "sample_tokens")
-        self._gemv = load("gemv.cu", *(f"gemv_m{m}" for m in range(1, GEMV_MAX_ROWS + 1)))
+        gemv = load("gemv.cu", *(f"{kind}_m{m}" for kind in GEMV_KINDS for m in range(1, GEMV_MAX_ROWS + 1)))
+        self._gemv = {kind: gemv[i * GEMV_MAX_ROWS:(i + 1) * GEMV_MAX_ROWS] for i, kind in enumerate(GEMV_KINDS)}
         self.sms = sms = gpu.device.properties.multiprocessor_count
         self._configs: dict[tuple, object] = {}
         self._checksum_config = self._config("checksum", 4 * sms, THREADS)
@@ -240,22 +243,36 @@ class Kernels:
                             partial.arg, out.arg, tiles.arg, *map(np.int32, (n_heads, head_dim, n_splits)),
                             split_keys)
 
-    def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, column_warps: int | None = None) -> None:
-        """y = x @ w^T for a few rows, streaming the weights (gemv.cu).   x (M, K) bf16 with M <= GEMV_MAX_ROWS,
-        w (N, K) bf16, y (M, N) bf16; K a multiple of 8 and x, w 16-byte aligned (its loads are 16 bytes).
-        column_warps: the warps each output column's row of weights is shared by (GEMV_COLUMN_WARPS); None: one
+    def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, column_warps: int | None = None,
+             norm: tuple[DeviceArray, float] | None = None, silu: bool = False, residual: bool = False) -> None:
+        """y = x @ w^T for a few rows, streaming the weights (gemv.cu), with the kernels beside it fused in:
+          norm = (g, eps):  y = rms_norm(x) * g @ w^T        (x the residual stream, g (K,) bf16)
+          silu (with norm): y = silu(a[:, :I]) * a[:, I:], a = the above over w = [gate | up] (2I, K); y (M, I)
+          residual:         y += x @ w^T                     (y the residual stream, d rounded to bf16 first)
+        x (M, K) bf16 with M <= GEMV_MAX_ROWS, w (N, K) bf16, y (M, N) bf16; K a multiple of 8 and x, w, g 16-byte
+        aligned (its loads are 16 bytes). column_warps: the warps each output column's row of weights is shared
+        by (GEMV_COLUMN_WARPS; silu: at most GEMV_SILU_MAX_WARPS, fewer taken); None: one
         per GEMV_KEYS_PER_WARP weights."""
         (M, K), (N, K_w) = x.shape, w.shape
-        _expect("gemv", x.dtype == w.dtype == y.dtype == "bf16" and K == K_w and y.shape == (M, N)
-                and 1 <= M <= GEMV_MAX_ROWS and K % 8 == 0 and x.ptr % 16 == 0 and w.ptr % 16 == 0
-                and column_warps in (None, *GEMV_COLUMN_WARPS), x, w, y)
+        g, eps = norm or (None, 0.0)
+        _expect("gemv", x.dtype == w.dtype == y.dtype == "bf16" and K == K_w and 1 <= M <= GEMV_MAX_ROWS
+                and y.shape == ((M, N // 2) if silu else (M, N)) and K % 8 == 0 and x.ptr % 16 == 0
+                and w.ptr % 16 == 0 and column_warps in (None, *GEMV_COLUMN_WARPS)
+                and (norm is not None or not silu) and not (residual and norm is not None)
+                and (g is None or (g.dtype == "bf16" and g.shape == (K,) and g.ptr % 16 == 0))
+                and (not silu or N % 2 == 0), x, w, y)
         if column_warps is None:
             column_warps = 1
             while column_warps < GEMV_WARPS and K >= 2 * column_warps * GEMV_KEYS_PER_WARP:
                 column_warps *= 2
-        self.gpu.launch(self._gemv[M - 1],
-                        self._config("gemv", -(-N // (GEMV_WARPS // column_warps)), 32 * GEMV_WARPS),
-                        w.arg, x.arg, y.arg, np.int32(N), np.int32(K), np.int32(column_warps))
+        if silu:
+            column_warps = min(column_warps, GEMV_SILU_MAX_WARPS)
+        cols = GEMV_WARPS // column_warps                         # output columns a block
+        grid = -(-(N // 2) // (cols // 2)) if silu else -(-N // cols)
+        kind = "gemv_norm_silu" if silu else "gemv_norm" if norm else "gemv_residual" if residual else "gemv"
+        self.gpu.launch(self._gemv[kind][M - 1], self._config("gemv", grid, 32 * GEMV_WARPS),
+                        w.arg, x.arg, y.arg, np.int32(N), np.int32(K), np.int32(column_warps), _arg(g),
+                        np.float32(eps))
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
                seed: DeviceArray, logit_seq_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:

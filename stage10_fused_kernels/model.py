@@ -19,8 +19,15 @@ in it: what batching buys.
         d = (silu(g) * u) @ Wdown^T
     x += d;  h = rms_norm(x) * w_final;  logits = h[logit_rows] @ E^T   (the LM head is the embedding, tied)
 
-Each layer GEMM goes through linear(): gemv.cu for the few-row shapes where it was measured faster than cuBLAS at
-start (graphs.pick_gemms), cuBLAS for every other.
+The GEMMs are cuBLAS's. A step of a few rows (a small decode batch, of a size in fused_sizes: where the engine
+timed it faster) streams each layer's weights through gemv.cu instead, with what stands around each GEMM fused
+into it: six kernels a layer instead of nine (the attention's split combine aside):
+
+    qkv = (rms_norm(x) * w_in) @ Wqkv^T             the norm inside the GEMV (gemv_norm)
+    rope_kv_write, attention                        as above
+    x += a @ Wo^T                                   the residual add in its epilogue (gemv_residual)
+    act = silu(g) * u, [g | u] = (rms_norm(x) * w_post) @ Wgate_up^T     norm and SwiGLU (gemv_norm_silu)
+    x += act @ Wdown^T                              (gemv_residual)
 
 Buffer reuse: every activation buffer is allocated once, for max_num_batched_tokens rows, and each forward uses
 its first R rows; the layers take turns in the same buffers. No allocation happens while generating, so the
@@ -58,8 +65,8 @@ class Model:
                  max_model_len: int, max_num_batched_tokens: int, block_size: int):
         self.weights, self.config, self.gpu, self.kernels = weights, config, gpu, kernels
         self.cublas = Cublas(gpu)
-        self.gemv_shapes: dict[tuple[int, int, int], int] = {}   # (M, N, K) that take gemv.cu -> its
-        #                                                          column_warps (graphs.pick_gemms)
+        self.gemv_shapes: dict[tuple[int, int, int], int] = {}   # (M, N, K) -> gemv.cu's fastest column_warps
+        #                                                          there (graphs.pick_gemms)
         self.max_num_seqs, self.max_model_len = B, L = max_num_seqs, max_model_len
         self.max_rows = R = max_num_batched_tokens
         c = config
@@ -105,6 +112,12 @@ class Model:
         cos, sin = rope_cos_sin(c, np.arange(L))            # (L, hd/2) each, fp32
         self.cos, self.sin = gpu.to_device(cos), gpu.to_device(sin)
         self.layers = [self._layer_weights(i) for i in range(c.num_hidden_layers)]
+        # steps of these sizes take gemv.cu with the norms, SwiGLU and residual adds fused in (graphs.pick_fused
+        # times both paths); only where every weight it streams suits its 16-byte loads (K a multiple of 8,
+        # 16-byte aligned)
+        streamed = [a for w in self.layers for a in w.values()]
+        self.fusable = all(a.shape[-1] % 8 == 0 and a.ptr % 16 == 0 for a in streamed)
+        self.fused_sizes: set[int] = set()
         self._staging = [PinnedBuffer(max(self.inputs.nbytes, self.sampling.nbytes)) for _ in range(STAGING)]
         self._staged = [None] * STAGING                     # the event after each one's last copy
         self._stage_turn = 0
@@ -226,14 +239,10 @@ class Model:
         view = self.row_view
         x, h, d = view(self.x, 0, R), view(self.h, 0, R), view(self.d, 0, R)
         qkv, attn = view(self.qkv, 0, R), view(self.attn, 0, R)
-        gate_up, act = view(self.gate_up, 0, R), view(self.act, 0, R)
         k.embedding(tokens, self.weights["model.embed_tokens.weight"], x, prev_rows, self.next_ids)
+        fused = R in self.fused_sizes
         for i, w in enumerate(self.layers):
-            if i == 0:
-                k.rms_norm(x, w["in_norm"], h, eps)
-            else:
-                k.add_rms_norm(x, d, w["in_norm"], h, eps)        # x += previous layer's MLP output
-            self.linear(h, w["qkv"], qkv)
+            self.project_qkv(i, w, R, fused)
             k_cache, v_cache = self.cache.layer(i)
             k.rope_kv_write(qkv, k_cache, v_cache, slot_mapping, nh, nkv, hd, (self.cos, self.sin, positions))
             if prompt_tiles is not None:
@@ -242,12 +251,11 @@ class Model:
             if decode_tiles is not None:
                 k.attention(qkv, k_cache, v_cache, attn, self.partial, decode_tiles, self.block_tables, nh, nkv,
                             hd, *split)
-            self.linear(attn, w["o"], d)
-            k.add_rms_norm(x, d, w["post_norm"], h, eps)          # x += attention output
-            self.linear(h, w["gate_up"], gate_up)
-            k.silu_mul(gate_up, act)
-            self.linear(act, w["down"], d)
-        k.add_rms_norm(x, d, self.weights["model.norm.weight"], h, eps)
+            self.finish_layer(w, R, fused)
+        if fused:                                     # every residual add is done
+            k.rms_norm(x, self.weights["model.norm.weight"], h, eps)
+        else:
+            k.add_rms_norm(x, d, self.weights["model.norm.weight"], h, eps)
         if n == 0:                                   # a step of prompt chunks that complete no prompt
             return self.row_view(self.logits, 0, 0)
         chosen = view(self.d, 0, n)                  # d is free again: it takes the rows whose logits are wanted
@@ -257,14 +265,55 @@ class Model:
         self.cublas.linear(chosen, self.weights.lm_head, logits)
         return logits
 
-    def linear(self, x: DeviceArray, w: DeviceArray, y: DeviceArray) -> None:
-        """y = x @ w^T: gemv.cu for the (M, N, K) where it was measured faster than cuBLAS (with the warps a
-        column that were fastest), else cuBLAS."""
-        column_warps = self.gemv_shapes.get((x.shape[0], *w.shape))
-        if column_warps is not None:
-            self.kernels.gemv(x, w, y, column_warps)
+    def project_qkv(self, i: int, w: dict[str, DeviceArray], R: int, fused: bool) -> None:
+        """qkv = rms_norm(x) * w_in @ Wqkv^T for layer i over the first R rows; unfused, x += d first where the
+        layer before left its MLP's output in d."""
+        k, eps, view = self.kernels, self.config.rms_norm_eps, self.row_view
+        x, h, qkv = view(self.x, 0, R), view(self.h, 0, R), view(self.qkv, 0, R)
+        if fused:                                     # the norm inside the GEMV (gemv.cu)
+            self.fused_gemm("qkv", w, R)
+            return
+        if i == 0:
+            k.rms_norm(x, w["in_norm"], h, eps)
         else:
-            self.cublas.linear(x, w, y)
+            k.add_rms_norm(x, view(self.d, 0, R), w["in_norm"], h, eps)
+        self.cublas.linear(h, w["qkv"], qkv)
+
+    def finish_layer(self, w: dict[str, DeviceArray], R: int, fused: bool) -> None:
+        """After attention, over the first R rows: x += attn Wo^T, then the MLP, act = silu(g) * u with [g | u] =
+        rms_norm(x) * w_post @ Wgate_up^T, and its down projection: added into x (fused), or left in d for the
+        next norm to add (unfused)."""
+        k, eps, view = self.kernels, self.config.rms_norm_eps, self.row_view
+        x, h, d, attn, act = (view(b, 0, R) for b in (self.x, self.h, self.d, self.attn, self.act))
+        if fused:                                     # the norm, SwiGLU and residual adds inside the GEMVs
+            for name in ("o", "gate_up", "down"):
+                self.fused_gemm(name, w, R)
+            return
+        gate_up = view(self.gate_up, 0, R)
+        self.cublas.linear(attn, w["o"], d)
+        k.add_rms_norm(x, d, w["post_norm"], h, eps)  # x += attention output
+        self.cublas.linear(h, w["gate_up"], gate_up)
+        k.silu_mul(gate_up, act)
+        self.cublas.linear(act, w["down"], d)
+
+    def fused_gemm(self, name: str, w: dict[str, DeviceArray], R: int, column_warps: int | None = None) -> None:
+        """Layer GEMM `name` over the first R rows through gemv.cu with its neighbours fused in (the module's
+        docstring), at column_warps warps a column: given, or the fastest timed for the shape (graphs.pick_gemms),
+        or gemv.cu's default."""
+        k, eps, view = self.kernels, self.config.rms_norm_eps, self.row_view
+        x, act = view(self.x, 0, R), view(self.act, 0, R)
+        if column_warps is None:
+            column_warps = self.gemv_shapes.get((R, *w[name].shape))
+        if name == "qkv":
+            k.gemv(x, w["qkv"], view(self.qkv, 0, R), column_warps, norm=(w["in_norm"], eps))
+        elif name == "o":
+            k.gemv(view(self.attn, 0, R), w["o"], x, column_warps, residual=True)
+        elif name == "gate_up":
+            k.gemv(x, w["gate_up"], act, column_warps, norm=(w["post_norm"], eps), silu=True)
+        elif name == "down":
+            k.gemv(act, w["down"], x, column_warps, residual=True)
+        else:
+            raise ValueError(f"fused_gemm: no layer GEMM {name!r} (qkv, o, gate_up, down)")
 
     def queue_sample_rows(self, n: int, seq_slots: DeviceArray | None = None,
                           counters: DeviceArray | None = None) -> DeviceArray:

@@ -96,11 +96,11 @@ class Engine:
                   f"{g.capture_s:.2f} s, {g.graph_bytes / 2**20:.1f} MiB; GEMMs timed now: {g.timed_now} of "
                   f"{len(g.gemm_us)}, the others as timed before on this machine ({g.timings_file})",
                   file=sys.stderr)
-            won = [f"{name} M={m} ({blas:.1f} -> {mine:.1f} us, {column_warps} warps a column)"
-                   for (name, m), (blas, mine, column_warps) in self.graphs.gemm_us.items()
-                   if (m, *self.model.layers[0][name].shape) in self.model.gemv_shapes]
-            print(f"gemv       in place of cuBLAS for {len(won)} of {len(self.graphs.gemm_us)} (GEMM, rows): "
-                  f"{', '.join(won) or 'none'}", file=sys.stderr)
+            fused = [f"M={m} ({unfused:.1f} -> {mine:.1f} us a layer)" for m, (unfused, mine) in g.fused_us.items()
+                     if m in self.model.fused_sizes]
+            print(f"gemv       fused layers (norms, SwiGLU, residual adds in gemv.cu) where faster than cuBLAS and "
+                  f"the kernels between, for {len(fused)} of {len(g.fused_us)} sizes: {', '.join(fused) or 'none'}",
+                  file=sys.stderr)
         self.llm = LLMEngine(GpuRunner(self.model, self.graphs), self.prompts, B, tokens,
                              BlockManager(num_blocks, bs, enable_prefix_caching), async_scheduling)
 

@@ -17,11 +17,12 @@ grids and their arguments (pointers and scalars) are the captured ones. So:
   - the decode split's grid is the most blocks any step of that size may use (its keys at max_model_len); each
     step's keys per split is an input, and the blocks past a row's keys return at once.
 
-Before capture, each layer GEMM is timed at each captured size up to 8 rows, cuBLAS against gemv.cu (a kernel that
-only streams the weights) with 1, 2, 4 and 8 warps a column, from graphs of all the layers' GEMMs of that shape (so
-the weights come from HBM, not L2, and no launch gap is timed); gemv.cu's fastest is captured where it takes at
-most GEMV_GAIN of cuBLAS's time (pick_gemms). Each shape is timed once per machine: the times are kept on disk
-(gemm_timings.py), so every later engine takes the same kernels and gives the same bits.
+A small step may stream each layer GEMM through gemv.cu with its neighbours fused in (model.py). Before capture,
+at each captured size up to 8 rows, each fused GEMM is timed with 1, 2, 4 and 8 warps a column, and cuBLAS alone
+beside it (pick_gemms); then every layer's GEMMs with the kernels between them, fused at those warps against
+unfused (cuBLAS, the norms, silu_mul), and a size takes the faster (pick_fused). Each is timed from a graph of all
+the layers (so the weights come from HBM, not L2, and no launch gap is timed), once per machine: the times are
+kept on disk (gemm_timings.py), so every later engine takes the same kernels and gives the same bits.
 
 Only steps of decode rows replay; a step with a prompt chunk runs eagerly (its shapes vary with the chunk), as
 vLLM's first engine did. Block-table updates, which vary in number, are written by their kernel before the replay.
@@ -38,7 +39,7 @@ import time
 import numpy as np
 
 from .gemm_timings import GemmTimings
-from .kernels import GEMV_COLUMN_WARPS, GEMV_MAX_ROWS, decode_split
+from .kernels import GEMV_COLUMN_WARPS, GEMV_MAX_ROWS, GEMV_SILU_MAX_WARPS, decode_split
 from .packing import StepInputs
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -47,10 +48,8 @@ FIELDS = (("tokens", 1, 0), ("positions", 1, 0), ("slot_mapping", 1, -1), ("logi
           ("tiles", 4, None))                                                  # (name, ints a row, padding)
 
 
-GEMV_GAIN = 0.9         # gemv.cu replaces cuBLAS only where it takes at most 0.9 of cuBLAS's time: a near tie
-#                         would flip with the timing noise from one engine to the next, and with it the rounding
-#                         of the logits, so two engines on one machine could part at a greedy near-tie
 GEMM_BUFFERS = {"qkv": ("h", "qkv"), "o": ("attn", "d"), "gate_up": ("h", "gate_up"), "down": ("act", "d")}
+#                 cuBLAS's input and output for each layer GEMM, timed beside gemv.cu's fused kernel
 
 
 def gpu_us(gpu, work, repeats: int = 3) -> float:
@@ -69,32 +68,64 @@ def gpu_us(gpu, work, repeats: int = 3) -> float:
 
 
 def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, int], tuple[float, float, int]]:
-    """For each layer GEMM (qkv, o, gate_up, down) and each M in `rows` up to GEMV_MAX_ROWS: the GPU time of
-    one, through cuBLAS and through gemv.cu at each of GEMV_COLUMN_WARPS warps a column (those that give every
-    lane a load), each the mean over every layer's weights of that name (a pass over them all: the weights stream
-    from HBM as in a step), or the times `timings` kept from an earlier engine on this machine. Where gemv.cu's
-    fastest takes at most GEMV_GAIN of cuBLAS's time, model.gemv_shapes maps its (M, N, K) to those column_warps
-    and model.linear() uses it from then on. Returns (name, M) -> (cuBLAS us, gemv us, column_warps)."""
+    """For each layer GEMM (qkv, o, gate_up, down) and each M in `rows` up to GEMV_MAX_ROWS: the GPU time of one
+    through gemv.cu with its neighbours fused in (model.fused_gemm) at each of GEMV_COLUMN_WARPS warps a column
+    (those that give every lane a load; SwiGLU's at most GEMV_SILU_MAX_WARPS), and through cuBLAS alone for
+    comparison, each the mean over every layer's weights of that name (a pass over them all: the weights stream
+    from HBM as in a step), or the times `timings` kept from an earlier engine on this machine.
+    model.gemv_shapes maps each (M, N, K) to its fastest warps a column. Returns (name, M) -> (cuBLAS us, gemv
+    us, column_warps)."""
     times = {}
+    if not model.fusable:
+        return times
     for name, (src, dst) in GEMM_BUFFERS.items():
-        weights = [layer[name] for layer in model.layers]
-        (N, K), L = weights[0].shape, len(weights)
-        if K % 8 or any(w.ptr % 16 for w in weights):   # gemv.cu's 16-byte loads cannot take them
-            continue
+        (N, K), L = model.layers[0][name].shape, len(model.layers)
+        most = GEMV_SILU_MAX_WARPS if name == "gate_up" else max(GEMV_COLUMN_WARPS)
         for m in (r for r in rows if r <= GEMV_MAX_ROWS):
-            if (kept := timings.get("gemv", (m, N, K, L))) is None:
+            if (kept := timings.get("gemv", (name, m, N, K, L))) is None:
                 x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
-                model.gpu.fill_bytes(x, 0)
-                blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, w, y) for w in weights]) / L
+                zero_inputs(model, m)
+                blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, layer[name], y)
+                                                  for layer in model.layers]) / L
                 mine, column_warps = min(
-                    (gpu_us(model.gpu, lambda: [model.kernels.gemv(x, w, y, warps) for w in weights]) / L, warps)
-                    for warps in GEMV_COLUMN_WARPS if warps == 1 or K >= 8 * 32 * warps)
-                timings.put("gemv", (m, N, K, L), kept := [blas, mine, column_warps])
+                    (gpu_us(model.gpu, lambda: [model.fused_gemm(name, layer, m, warps)
+                                                for layer in model.layers]) / L, warps)
+                    for warps in GEMV_COLUMN_WARPS if warps <= most and (warps == 1 or K >= 8 * 32 * warps))
+                timings.put("gemv", (name, m, N, K, L), kept := [blas, mine, column_warps])
             blas, mine, column_warps = kept
             times[(name, m)] = (blas, mine, column_warps)
-            if mine <= GEMV_GAIN * blas:
-                model.gemv_shapes[(m, N, K)] = column_warps
+            model.gemv_shapes[(m, N, K)] = column_warps
     return times
+
+
+def pick_fused(model, rows: list[int], timings: GemmTimings) -> dict[int, tuple[float, float]]:
+    """For each M in `rows` up to GEMV_MAX_ROWS, after pick_gemms: the GPU time of a layer's GEMMs and the kernels
+    between them (attention aside), unfused and fused (model.project_qkv and model.finish_layer), the mean over a
+    pass through every layer, or as `timings` kept it. model.fused_sizes gets the M where fused took less, and
+    model.gemv_shapes keeps only those sizes. Returns M -> (unfused us, fused us)."""
+    times = {}
+    if not model.fusable:
+        return times
+    c, L = model.config, len(model.layers)
+    shape = (c.hidden_size, c.intermediate_size, model.qkv_width, c.num_attention_heads * c.head_dim, L)
+    for m in (r for r in rows if r <= GEMV_MAX_ROWS):
+        if (kept := timings.get("fused", (m, *shape))) is None:
+            zero_inputs(model, m)
+            kept = [gpu_us(model.gpu, lambda fused=fused: [
+                        (model.project_qkv(i, w, m, fused), model.finish_layer(w, m, fused))
+                        for i, w in enumerate(model.layers)]) / L for fused in (False, True)]
+            timings.put("fused", (m, *shape), kept)
+        times[m] = tuple(kept)
+        if kept[1] < kept[0]:
+            model.fused_sizes.add(m)
+    model.gemv_shapes = {key: warps for key, warps in model.gemv_shapes.items() if key[0] in model.fused_sizes}
+    return times
+
+
+def zero_inputs(model, m: int) -> None:
+    """Zeros in the first m rows of every buffer a timed GEMM reads: no NaN or Inf in the timing (x's norm is 0)."""
+    for buf in ("x", "h", "d", "attn", "act"):
+        model.gpu.fill_bytes(model.row_view(getattr(model, buf), 0, m), 0)
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -163,6 +194,7 @@ class DecodeGraphs:
         self.timed_now, self.timings_file = 0, None     # GEMM shapes timed by this engine; where the times are kept
         self.gemm_us: dict[tuple[str, int], tuple[float, float, int]] = {}   # (name, M) -> cuBLAS us, gemv us,
         #                                                                       column_warps (pick_gemms)
+        self.fused_us: dict[int, tuple[float, float]] = {}   # M -> a layer's unfused us, fused us (pick_fused)
 
     # ------------------------------------------------------------------ at start
     def _views(self, size: int):
@@ -186,8 +218,9 @@ class DecodeGraphs:
         after one eager run of the same work (cuBLAS and the launch configurations set themselves up outside the
         capture), on inputs of padding rows only."""
         t0 = time.perf_counter()
-        timings = GemmTimings.for_model(self.model, GEMV_COLUMN_WARPS)
+        timings = GemmTimings.for_model(self.model, GEMV_COLUMN_WARPS, GEMV_SILU_MAX_WARPS)
         self.gemm_us = pick_gemms(self.model, self.sizes, timings)
+        self.fused_us = pick_fused(self.model, self.sizes, timings)
         self.timed_now, self.timings_file = len(timings.new), timings.path
         timings.save()
         free0, _ = self.gpu.memory()

@@ -3,7 +3,7 @@ eagerly, while the running set changes under them: 40 requests of mixed lengths 
 seq_slots, two aborted mid-way, on a pool of blocks small enough that sequences are preempted and recomputed.
 Each step's rows replay a graph of another size than the last (or run eagerly when a prompt chunk is in it), so a
 replay that read a stale input, a padding row that wrote somewhere, or a graph of the wrong size would part the
-runs. The GEMMs differ (padded M, and stage10's gemv.cu where it was picked), and with asynchronous scheduling
+runs. The GEMMs differ (padded M, and stage10's fused gemv.cu at the sizes it won), and with asynchronous scheduling
 (stage09 on) the batches differ step by step too (a stopped request holds its seq_slot a step longer), so top-1
 must be equal at every decided step and the runs may part only where the logit error can flip the choice
 (common/testing.py): the error between the stages along the same tokens, or, where larger, how far the later

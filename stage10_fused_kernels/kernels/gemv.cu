@@ -1,7 +1,13 @@
-// gemv.cu: y = x W^T for the few rows of a small decode step, where the GEMM is a stream of the weights.
+// gemv.cu: y = x W^T for the few rows of a small decode step, where the GEMM is a stream of the weights, with
+// the kernels on either side of it fused in.
 //
-//   y[m, n] = sum_k x[m, k] W[n, k]        x (M, K) bf16, W (N, K) bf16 (Hugging Face's layout), y (M, N) bf16;
-//                                          M <= 8, K a multiple of 8; fp32 accumulation, y rounded once
+//   gemv           y[m, n] = sum_k x[m, k] W[n, k]        x (M, K) bf16, W (N, K) bf16 (Hugging Face's layout),
+//                                                          y (M, N) bf16; M <= 8, K a multiple of 8; fp32 sums
+//   gemv_norm      y[m, n] = r_m sum_k x[m, k] g[k] W[n, k],   r_m = 1 / sqrt(mean_k x[m, k]^2 + eps)
+//                  (RMSNorm with weight g (K,) bf16 in front: x is the residual stream, the norm is not stored)
+//   gemv_norm_silu act[m, j] = silu(a[m, j]) a[m, I + j],  a = gemv_norm(x) over W = [W_gate | W_up] (2I, K),
+//                  act (M, I) bf16: SwiGLU's gate and its product, in the GEMM that makes them
+//   gemv_residual  y[m, n] += bf16(sum_k x[m, k] W[n, k])  (y the residual stream: the add after o and down)
 //
 // At M = 1..8 a linear layer reads N K weights to do M N K multiply-adds: about one flop per byte, so its time is
 // the time to stream W from HBM once, and the only question is how close to the copy bandwidth it gets. cuBLAS's
@@ -13,13 +19,23 @@
 // with shuffles; the column's partials meet in shared memory and are added in a fixed order (the same bits every
 // run). Loads are unrolled four deep so each lane keeps 64 bytes of W in flight. column_warps (1, 2, 4 or 8)
 // grows with K, so a long row (down's 8192) is streamed by several warps at once instead of one warp
-// making 32 trips. The engine times it against cuBLAS per shape at start and keeps it only where it is clearly
-// faster (graphs.py), so it runs only where it wins. Launched early (pdl.cuh), each lane loads its first four
-// 16-byte words of weights while the kernel before (a norm, the attention) still runs: at 2 warps a column that
-// is all of qkv's 2048-long rows, so most of the stream overlaps the small kernels between two GEMMs.
+// making 32 trips. Launched early (pdl.cuh), each lane loads its first four 16-byte words of weights while the
+// kernel before (the attention, or another GEMM) still runs.
 //
-// Launch: grid ceil(N / (8 / column_warps)), block 256 (8 warps: 8 / column_warps columns a block). One
-// instantiation per M (gemv_m1 .. gemv_m8).
+// The fusions add little to the stream. A column's warps read every x[m, k] once between them, so the first
+// column of each block sums the norm's squares beside its dot products from the same loads, the block's columns
+// share them through shared memory, and r_m scales each column's sum at the end: no pass over x before the
+// stream, no normalised copy of x written and read back, and no bf16 rounding of it (the unfused path rounds
+// x r g to bf16 before its GEMM). g scales the 8 weights of a load once, not once a row. Every block sums its
+// squares in the same order, so every column of a row gets the same r_m. The residual add reads and writes one
+// element a column. Each fused kind still does more arithmetic a weight than the plain one, which matters where
+// M is large enough that the plain GEMV is no longer purely a stream; the engine times both (graphs.py). For SwiGLU a
+// block's first half of columns are gate rows j and its second half the up rows I + j of the same j, so the
+// block holds both factors of its outputs and multiplies them before anything is stored (the unfused path
+// rounds both to bf16 first); it needs two columns a block (column_warps <= 4).
+//
+// Launch: grid ceil(N / (8 / column_warps)) (gemv_norm_silu: ceil(I / (4 / column_warps))), block 256 (8 warps:
+// 8 / column_warps columns a block). One instantiation per M and kind (gemv_m1 .. gemv_residual_m8).
 #include <cuda_bf16.h>
 #include "pdl.cuh"
 
@@ -32,30 +48,69 @@ union Pack {                                          // 8 bf16, loaded as one 1
     __nv_bfloat162 pair[VEC / 2];
 };
 
-template <int M>       // acc[m] += the 8 weights in a . x[m, k .. k + 7]
-__device__ __forceinline__ void accumulate(float acc[M], const Pack& a, const __nv_bfloat16* __restrict__ x, int k,
-                                           int k_dim) {
+enum Kind { PLAIN, NORM, NORM_SILU, RESIDUAL };
+
+// acc[m] += the 8 weights in a . x[m, k .. k + 7]. With the norm (NORM, NORM_SILU) the weights are scaled by
+// g[k .. k + 7] first (once, not once a row), and where `squares` sq[m] += x[m, k .. k + 7]^2.
+template <int M, int KIND>
+__device__ __forceinline__ void accumulate(float acc[M], float sq[M], const Pack& a,
+                                           const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ g,
+                                           int k, int k_dim, bool squares) {
+    constexpr bool norm = KIND == NORM || KIND == NORM_SILU;
+    float2 wf[VEC / 2];
+    Pack gain;
+    if (norm) gain.word = __ldg(reinterpret_cast<const uint4*>(g + k));
+#pragma unroll
+    for (int p = 0; p < VEC / 2; ++p) {
+        wf[p] = __bfloat1622float2(a.pair[p]);
+        if (norm) {
+            const float2 gf = __bfloat1622float2(gain.pair[p]);
+            wf[p] = make_float2(wf[p].x * gf.x, wf[p].y * gf.y);
+        }
+    }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
         Pack b;
         b.word = __ldg(reinterpret_cast<const uint4*>(x + static_cast<long long>(m) * k_dim + k));
 #pragma unroll
         for (int p = 0; p < VEC / 2; ++p) {
-            const float2 wf = __bfloat1622float2(a.pair[p]), xf = __bfloat1622float2(b.pair[p]);
-            acc[m] = fmaf(wf.x, xf.x, acc[m]);
-            acc[m] = fmaf(wf.y, xf.y, acc[m]);
+            const float2 xf = __bfloat1622float2(b.pair[p]);
+            acc[m] = fmaf(wf[p].x, xf.x, acc[m]);
+            acc[m] = fmaf(wf[p].y, xf.y, acc[m]);
+            if (norm && squares) sq[m] = fmaf(xf.x, xf.x, fmaf(xf.y, xf.y, sq[m]));
         }
     }
 }
 
-template <int M>
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// n_cols: W's rows N (NORM_SILU: 2I); y (M, N), or act (M, I) for NORM_SILU, or the residual stream (M, N)
+template <int M, int KIND>
 __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,
-                                            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps) {
-    __shared__ float partial[WARPS][M];
+                                            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps,
+                                            const __nv_bfloat16* __restrict__ g, float eps) {
+    __shared__ float partial[WARPS][M], partial_sq[WARPS][M], total[WARPS][M];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % column_warps;
-    const int n = blockIdx.x * (WARPS / column_warps) + warp / column_warps;
-    const bool valid = n < n_cols;                   // every thread reaches the barrier below
-    const __nv_bfloat16* row = w + static_cast<long long>(valid ? n : 0) * k_dim;
+    const int cols = WARPS / column_warps, col = warp / column_warps;   // columns a block; this warp's
+    if (KIND == NORM_SILU && cols < 2) __trap();     // a gate column needs its up column in the block
+    int n, row;                                      // the output column, and the row of W that makes it
+    if (KIND == NORM_SILU) {                         // columns [0, cols/2): gate rows j; the rest: up rows I + j
+        const int half = cols / 2, inter = n_cols / 2;
+        n = blockIdx.x * half + col % half;
+        row = col < half ? n : inter + n;
+        if (n >= inter) row = -1;
+    } else {
+        n = row = blockIdx.x * cols + col;
+        if (n >= n_cols) row = -1;
+    }
+    const bool valid = row >= 0;                     // every thread reaches the barriers below
+    const bool squares = col == 0;                   // the block's first column sums the norm's squares for all:
+    //                                                  valid wherever any column of the block is
+    const __nv_bfloat16* wrow = w + static_cast<long long>(valid ? row : 0) * k_dim;
     const int stride = VEC * 32 * column_warps, first = VEC * (lane + 32 * part);
     launch_dependents();
     // the first PREFETCH loads of this lane's weights go out before the previous kernel has finished (weights
@@ -64,44 +119,71 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i) {
         const int k = first + i * stride;
-        if (valid && k < k_dim) early[i].word = __ldg(reinterpret_cast<const uint4*>(row + k));
+        if (valid && k < k_dim) early[i].word = __ldg(reinterpret_cast<const uint4*>(wrow + k));
     }
     wait_for_inputs();
-    float acc[M];
+    float acc[M], sq[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+    for (int m = 0; m < M; ++m) acc[m] = sq[m] = 0.0f;
 #pragma unroll
     for (int i = 0; i < PREFETCH; ++i) {
         const int k = first + i * stride;
-        if (valid && k < k_dim) accumulate<M>(acc, early[i], x, k, k_dim);
+        if (valid && k < k_dim) accumulate<M, KIND>(acc, sq, early[i], x, g, k, k_dim, squares);
     }
 #pragma unroll 4
     for (int k = first + PREFETCH * stride; valid && k < k_dim; k += stride) {
         Pack a;
-        a.word = __ldg(reinterpret_cast<const uint4*>(row + k));
-        accumulate<M>(acc, a, x, k, k_dim);
+        a.word = __ldg(reinterpret_cast<const uint4*>(wrow + k));
+        accumulate<M, KIND>(acc, sq, a, x, g, k, k_dim, squares);
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-        float v = acc[m];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0) partial[warp][m] = v;
+        const float v = warp_sum(acc[m]), s = KIND == NORM || KIND == NORM_SILU ? warp_sum(sq[m]) : 0.0f;
+        if (lane == 0) partial[warp][m] = v, partial_sq[warp][m] = s;
     }
     __syncthreads();
-    if (valid && part == 0 && lane < M) {            // lane m adds row m's partials of the column's warps
-        float total = 0.0f;
-        for (int q = 0; q < column_warps; ++q) total += partial[warp + q][lane];
-        y[static_cast<long long>(lane) * n_cols + n] = __float2bfloat16(total);
+    // thread (c, m) adds column c's partials of row m in a fixed order (its warps c * column_warps + q)
+    const int c = threadIdx.x / M, m = threadIdx.x % M;
+    const bool mine = threadIdx.x < cols * M;
+    float sum = 0.0f;
+    if (mine) {
+        float sum_sq = 0.0f;                         // column 0's squares: its warps are 0 .. column_warps - 1
+        for (int q = 0; q < column_warps; ++q) {
+            sum += partial[c * column_warps + q][m];
+            sum_sq += partial_sq[q][m];
+        }
+        if (KIND == NORM || KIND == NORM_SILU) sum *= rsqrtf(sum_sq / k_dim + eps);
+    }
+    if (KIND == NORM_SILU) {                         // gate column c meets its up column c + cols / 2
+        if (mine) total[c][m] = sum;
+        __syncthreads();
+        const int half = cols / 2, inter = n_cols / 2, j = blockIdx.x * half + c;
+        if (threadIdx.x < half * M && j < inter) {
+            const float gate = total[c][m], up = total[c + half][m];
+            y[static_cast<long long>(m) * inter + j] = __float2bfloat16(gate / (1.0f + __expf(-gate)) * up);
+        }
+        return;
+    }
+    const int col_n = blockIdx.x * cols + c;
+    if (!mine || col_n >= n_cols) return;
+    __nv_bfloat16* out = y + static_cast<long long>(m) * n_cols + col_n;
+    if (KIND == RESIDUAL) {                          // x + d in bf16, d rounded first, as the unfused add
+        *out = __float2bfloat16(__bfloat162float(*out) + __bfloat162float(__float2bfloat16(sum)));
+    } else {
+        *out = __float2bfloat16(sum);
     }
 }
 
-#define INSTANTIATE(M)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_m##M(                                         \
+#define KERNEL(NAME, KIND, M)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME##_m##M(                                       \
             const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,                           \
-            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps) {                            \
-        gemv_column<M>(w, x, y, n_cols, k_dim, column_warps);                                                    \
+            __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps,                              \
+            const __nv_bfloat16* __restrict__ g, float eps) {                                                    \
+        gemv_column<M, KIND>(w, x, y, n_cols, k_dim, column_warps, g, eps);                                      \
     }
+#define INSTANTIATE(M)                                                                                            \
+    KERNEL(gemv, PLAIN, M) KERNEL(gemv_norm, NORM, M) KERNEL(gemv_norm_silu, NORM_SILU, M)                      \
+    KERNEL(gemv_residual, RESIDUAL, M)
 INSTANTIATE(1)
 INSTANTIATE(2)
 INSTANTIATE(3)

@@ -400,6 +400,82 @@ def test_gemv_with_any_warps_a_column_matches_numpy(kernels, rng, column_warps, 
     assert rel_l2(read(gpu, y), xf @ wf.T) < 1e-2
 
 
+# the fused kinds: N (or SwiGLU's I) not whole blocks of columns; K one warp a column (264, 2048) to four (8200)
+FUSED_SHAPES = [(37, 264), (1000, 2048), (19, 4104), (7, 8200)]
+
+
+def rows_at_scales(rng, M, K):
+    """(M, K) residual rows, row m at scale 2^m, and where M > 2 the last row all zeros."""
+    x = rng.normal(0, 1, (M, K)) * 2.0 ** np.arange(M)[:, None]
+    if M > 2:
+        x[-1] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("column_warps", [None, 1, 2, 4, 8])
+@pytest.mark.parametrize("M", [1, 2, 3, 8])
+@pytest.mark.parametrize("N, K", FUSED_SHAPES)
+def test_gemv_norm_matches_numpy(kernels, rng, column_warps, M, N, K):
+    """y = rms_norm(x) * g @ w^T: x the residual stream, its norm summed beside the dot products. Each row at its
+    own scale (a row given another's norm fails), the last of several all zeros (eps alone keeps it finite)."""
+    gpu = kernels.gpu
+    x, xf = bf16(gpu, rows_at_scales(rng, M, K))
+    g, gf = bf16(gpu, rng.normal(1, 0.2, K))
+    w, wf = bf16(gpu, rng.normal(0, 0.05, (N, K)))
+    y = poisoned(gpu, (M, N))
+    kernels.gemv(x, w, y, column_warps, norm=(g, 1e-5))
+    assert rel_l2(read(gpu, y), rms_norm(xf, gf, 1e-5) @ wf.T) < 1e-2
+    assert np.array_equal(read(gpu, x), xf)                              # the residual stream is only read
+
+
+@pytest.mark.parametrize("column_warps", [None, 1, 2, 4, 8])
+@pytest.mark.parametrize("M", [1, 2, 5, 8])
+@pytest.mark.parametrize("inter, K", FUSED_SHAPES)
+def test_gemv_norm_silu_matches_numpy(kernels, rng, column_warps, M, inter, K):
+    """act = silu(a_gate) * a_up, a = rms_norm(x) * g @ [W_gate | W_up]^T: each block's gate columns meet their
+    up columns; 8 warps a column is taken as 4 (two columns a block)."""
+    gpu = kernels.gpu
+    x, xf = bf16(gpu, rows_at_scales(rng, M, K))
+    g, gf = bf16(gpu, rng.normal(1, 0.2, K))
+    w, wf = bf16(gpu, rng.normal(0, 0.05, (2 * inter, K)))
+    act = poisoned(gpu, (M, inter))
+    kernels.gemv(x, w, act, column_warps, norm=(g, 1e-5), silu=True)
+    a = rms_norm(xf, gf, 1e-5) @ wf.T
+    assert rel_l2(read(gpu, act), silu(a[:, :inter]) * a[:, inter:]) < 1e-2
+
+
+@pytest.mark.parametrize("column_warps", [None, 1, 2, 4, 8])
+@pytest.mark.parametrize("M", [1, 4, 7, 8])
+@pytest.mark.parametrize("N, K", FUSED_SHAPES)
+def test_gemv_residual_matches_numpy(kernels, rng, column_warps, M, N, K):
+    """y += bf16(x @ w^T), in bf16 as the unfused add (add_rms_norm) does it."""
+    gpu = kernels.gpu
+    x, xf = bf16(gpu, rng.normal(0, 1, (M, K)))
+    w, wf = bf16(gpu, rng.normal(0, 0.05, (N, K)))
+    y, yf = bf16(gpu, rng.normal(0, 2, (M, N)))
+    kernels.gemv(x, w, y, column_warps, residual=True)
+    got, d = read(gpu, y), xf @ wf.T
+    want = round_to_bf16(yf + round_to_bf16(d))
+    assert rel_l2(got, want) < 1e-2
+    # element by element, within 2 bf16 steps of the largest of the terms (the fp32 sum may round to the
+    # neighbouring bf16 before the add): an element left unwritten, or added twice, is off by all of d
+    scale = np.maximum.reduce([np.abs(want), np.abs(yf), np.abs(d)])
+    assert (np.abs(got - want) <= 2 * 2.0 ** -7 * scale).all()
+
+
+def test_gemv_fused_refuses_what_it_cannot_do(kernels):
+    gpu = kernels.gpu
+    x, w, g = gpu.empty((1, 16), "bf16"), gpu.empty((6, 16), "bf16"), gpu.empty((16,), "bf16")
+    with pytest.raises(ValueError, match="gemv"):                          # SwiGLU without the norm
+        kernels.gemv(x, w, gpu.empty((1, 3), "bf16"), silu=True)
+    with pytest.raises(ValueError, match="gemv"):                          # SwiGLU's output is (M, N / 2)
+        kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(g, 1e-5), silu=True)
+    with pytest.raises(ValueError, match="gemv"):                          # a norm of the wrong length
+        kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(gpu.empty((8,), "bf16"), 1e-5))
+    with pytest.raises(ValueError, match="gemv"):                          # norm and residual: not one kernel
+        kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(g, 1e-5), residual=True)
+
+
 def test_kernels_launched_early_give_the_bits_of_kernels_launched_in_turn(kernels, rng):
     """Programmatic dependent launch (kernels/pdl.cuh): a layer's chain of kernels, each reading what the one
     before wrote and overwriting what it read, queued 24 times without a sync, gives the same bits whether each
@@ -421,6 +497,9 @@ def test_kernels_launched_early_give_the_bits_of_kernels_launched_in_turn(kernel
             k.gemv(h, w_up, gate_up, 2)
             k.silu_mul(gate_up, act)
             k.gemv(act, w_down, d, 4)                      # overwrites d, which add_rms_norm read
+        for _ in range(24):                                # the fused kinds: x read by one, rewritten by the next
+            k.gemv(x, w_up, act, 2, norm=(w_norm, 1e-5), silu=True)
+            k.gemv(act, w_down, x, 4, residual=True)
         results.append(gpu.to_host(x))
     assert np.isfinite(bf16_to_f32(results[0])).all()
     np.testing.assert_array_equal(results[0], results[1])

@@ -89,6 +89,47 @@ def test_decode_logits_of_a_batch_match_the_reference(fixture, request, engines)
     assert max(whole) < 2e-2
 
 
+# shapes the fused layer must serve: head_dim 64 and 128, GQA ratios 1, 3 and 4, tied and untied; the widths are
+# multiples of 8 (16-byte loads) but not of a block's columns
+FUSED_SHAPES = {
+    "hd64-gqa1": dict(hidden_size=256, intermediate_size=520, num_attention_heads=4, num_key_value_heads=4,
+                      head_dim=64),
+    "hd128-gqa3-untied": dict(hidden_size=384, intermediate_size=776, num_attention_heads=3, num_key_value_heads=1,
+                              head_dim=128, tie_word_embeddings=False),
+    "hd64-gqa4": dict(hidden_size=512, intermediate_size=1032, num_attention_heads=8, num_key_value_heads=2,
+                      head_dim=64),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(FUSED_SHAPES))
+def test_the_fused_layer_matches_the_reference_and_the_unfused_one(shape, tmp_path):
+    """Decode logits of a batch of five (steps of 1-5 rows) through the fused layer (gemv.cu with the norms,
+    SwiGLU and residual adds) and through the unfused one, each against the numpy reference by the design's
+    measure, and against each other: they differ (the fused path ran: it rounds less), within the same bound."""
+    from dataclasses import replace
+
+    from common.synthetic import PRESETS, write_checkpoint
+
+    from .. import Engine
+
+    folder = write_checkpoint(replace(PRESETS["tiny"], num_hidden_layers=2, **FUSED_SHAPES[shape]), tmp_path / shape)
+    engine = Engine(str(folder), max_model_len=128, max_num_seqs=8, enforce_eager=True)
+    assert engine.model.fusable
+    seqs = [prompt_ids(n, seed=5 + i) for i, (n, _) in enumerate(UNEVEN)]
+    ref = ReferenceModel(Checkpoint(folder))
+    want = [ref.forward(s)[m - 1:] for s, (_, m) in zip(seqs, UNEVEN)]
+    got = {}
+    for sizes in (set(), set(range(1, 9))):
+        engine.model.fused_sizes = sizes
+        got[bool(sizes)] = engine.decode_logits(seqs, [m for _, m in UNEVEN])
+        errors = [rel_l2(g, w) for g, w in zip(got[bool(sizes)], want)]
+        print(f"{shape}, {'fused' if sizes else 'unfused'}: relative L2 against the reference "
+              + ", ".join(f"{e:.2e}" for e in errors))
+        assert max(errors) < 2e-2
+    assert max(rel_l2(f, u) for f, u in zip(got[True], got[False])) < 2e-2
+    assert not all(np.array_equal(f, u) for f, u in zip(got[True], got[False]))
+
+
 @pytest.mark.parametrize("fixture", ["tiny_dir", "small_dir"])
 def test_each_sequences_blocks_hold_its_keys_and_values(fixture, request, engines):
     """Three prompts prefilled together: read back through the device's block tables (seq_slot b's row), every

@@ -3,10 +3,9 @@ the first timing of an entry kept when two engines write, the file named by what
 picks made from kept timings without timing anything."""
 from types import SimpleNamespace
 
-import pytest
 
 from ..gemm_timings import GemmTimings
-from ..graphs import GEMV_GAIN, pick_gemms
+from ..graphs import pick_fused, pick_gemms
 
 
 def test_entries_saved_are_read_back_by_the_next_engine(tmp_path):
@@ -65,21 +64,39 @@ class Untimeable:
         raise AssertionError(f"timed although the timings were kept ({name})")
 
 
+SHAPES = {"qkv": (48, 32), "o": (32, 32), "gate_up": (128, 32), "down": (32, 64)}
+FUSED_KEY = (32, 64, 48, 32, 2)        # hidden, intermediate, qkv width, heads x head_dim, layers
+
+
 def fake_model(shapes: dict):
     layers = [{name: SimpleNamespace(shape=shape, ptr=0) for name, shape in shapes.items()} for _ in range(2)]
-    return SimpleNamespace(layers=layers, gemv_shapes={}, gpu=Untimeable(), cublas=Untimeable(),
-                           kernels=Untimeable(), h=None, qkv=None, attn=None, d=None, gate_up=None, act=None,
+    config = SimpleNamespace(hidden_size=32, intermediate_size=64, num_attention_heads=4, head_dim=8)
+    return SimpleNamespace(layers=layers, gemv_shapes={}, fusable=True, fused_sizes=set(), config=config,
+                           qkv_width=48, gpu=Untimeable(), cublas=Untimeable(), kernels=Untimeable(),
+                           h=None, qkv=None, attn=None, d=None, gate_up=None, act=None,
                            row_view=lambda buf, first, n: SimpleNamespace(dtype="bf16"))
 
 
-@pytest.mark.parametrize("mine, taken", [(5.0, True), (GEMV_GAIN * 6.0 + 0.01, False)])
-def test_kept_gemv_timings_pick_without_timing(tmp_path, mine, taken):
-    shapes = {"qkv": (48, 32), "o": (32, 32), "gate_up": (128, 32), "down": (32, 64)}
+def test_kept_timings_pick_without_timing(tmp_path):
+    """The warps a column come from the kept gemv entries whatever cuBLAS took; a size is fused where its kept
+    fused time beat the unfused one, and only fused sizes keep their warps."""
     timings = GemmTimings(tmp_path / "t.json")
-    for name, (n, k) in shapes.items():
+    for name, (n, k) in SHAPES.items():
         for m in (1, 2):
-            timings.put("gemv", (m, n, k, 2), [6.0, mine, 4])
-    model = fake_model(shapes)
+            timings.put("gemv", (name, m, n, k, 2), [6.0, 9.0, m])   # slower than cuBLAS: timed all the same
+    timings.put("fused", (1, *FUSED_KEY), [30.0, 20.0])
+    timings.put("fused", (2, *FUSED_KEY), [30.0, 31.0])
+    model = fake_model(SHAPES)
     times = pick_gemms(model, [1, 2, 16], timings)
-    assert sorted(times) == sorted((name, m) for name in shapes for m in (1, 2))   # 16 rows: not gemv.cu's
-    assert model.gemv_shapes == ({(m, n, k): 4 for n, k in shapes.values() for m in (1, 2)} if taken else {})
+    assert sorted(times) == sorted((name, m) for name in SHAPES for m in (1, 2))   # 16 rows: not gemv.cu's
+    assert model.gemv_shapes == {(m, n, k): m for n, k in SHAPES.values() for m in (1, 2)}
+    assert pick_fused(model, [1, 2, 16], timings) == {1: (30.0, 20.0), 2: (30.0, 31.0)}
+    assert model.fused_sizes == {1} and model.gemv_shapes == {(1, n, k): 1 for n, k in SHAPES.values()}
+
+
+def test_no_gemv_where_the_weights_do_not_suit_it(tmp_path):
+    model = fake_model(SHAPES)
+    model.fusable = False
+    timings = GemmTimings(tmp_path / "t.json")
+    assert pick_gemms(model, [1, 2], timings) == {} and pick_fused(model, [1, 2], timings) == {}
+    assert model.gemv_shapes == {} and model.fused_sizes == set()

@@ -10,8 +10,8 @@ import pytest
 from common.sampling import SamplingParams
 from common.testing import rel_l2
 
-from ..graphs import GEMV_GAIN, decode_layout, pack_decode
-from ..kernels import GEMV_COLUMN_WARPS
+from ..graphs import decode_layout, pack_decode
+from ..kernels import GEMV_COLUMN_WARPS, GEMV_SILU_MAX_WARPS
 
 pytestmark = pytest.mark.gpu
 MAX_NUM_SEQS = 64
@@ -103,17 +103,20 @@ def test_padding_rows_change_no_real_row_and_write_nothing(engine):
         abort_all(engine)
 
 
-def test_each_small_gemm_was_timed_and_the_faster_kernel_kept(engine):
-    """Every layer GEMM at every captured size up to 8 rows has a cuBLAS and a gemv.cu time (its fastest warps a
-    column), and the model uses gemv.cu, with those warps, exactly where it took at most GEMV_GAIN of cuBLAS's
-    time."""
-    m, times = engine.model, engine.graphs.gemm_us
+def test_each_small_gemm_was_timed_and_its_fastest_warps_kept(engine):
+    """Every layer GEMM at every captured size up to 8 rows has a cuBLAS and a fused gemv.cu time (its fastest
+    warps a column), every such size a layer's time unfused and fused, and the model fuses exactly the sizes
+    where fused took less, streaming with the warps timed."""
+    m, times, layer_times = engine.model, engine.graphs.gemm_us, engine.graphs.fused_us
     sizes = [s for s in engine.graphs.sizes if s <= 8]
+    assert m.fusable and sorted(layer_times) == sizes
     assert sorted(times) == sorted((name, s) for name in ("qkv", "o", "gate_up", "down") for s in sizes)
+    assert m.fused_sizes == {s for s, (unfused, fused) in layer_times.items() if fused < unfused}
     shapes = {name: m.layers[0][name].shape for name in ("qkv", "o", "gate_up", "down")}
     want = {(s, *shapes[name]): column_warps for (name, s), (blas, mine, column_warps) in times.items()
-            if mine <= GEMV_GAIN * blas}
-    assert m.gemv_shapes == want
+            if s in m.fused_sizes}
+    assert m.gemv_shapes == want and all(times[("gate_up", s)][2] <= GEMV_SILU_MAX_WARPS for s in sizes)
+    assert all(0 < t < 1e4 for pair in layer_times.values() for t in pair)
     assert all(0 < blas < 1e4 and 0 < mine < 1e4 and column_warps in GEMV_COLUMN_WARPS
                for blas, mine, column_warps in times.values())
 
@@ -224,5 +227,6 @@ def test_a_second_engine_takes_the_kernels_the_first_timed(tiny_dir, engine):
     try:
         assert e.graphs.timed_now == 0 and e.graphs.timings_file == engine.graphs.timings_file
         assert e.model.gemv_shapes == {k: v for k, v in engine.model.gemv_shapes.items() if k[0] <= 8}
+        assert e.model.fused_sizes == {s for s in engine.model.fused_sizes if s <= 8}
     finally:
         del e
