@@ -29,8 +29,8 @@ GEMV_WARPS = 8           # its warps a block: 8 / column_warps output columns, c
 GEMV_KEYS_PER_WARP = 2048   # a column's row of K weights gets a warp per 2048 of them (1, 2, 4 or 8 warps),
 #                             unless the caller picks the warps a column (graphs.pick_gemms times each)
 GEMV_COLUMN_WARPS = (1, 2, 4, 8)   # warps a column: they share a block's 8 warps
-GEMV_SILU_MAX_WARPS = 4   # gemv_norm_silu's: a block holds a gate column and its up column
-GEMV_KINDS = ("gemv", "gemv_norm", "gemv_norm_silu", "gemv_residual")   # gemv.cu's kernels, each M = 1..8
+GEMV_PAIRED_MAX_WARPS = 4   # gemv_norm_silu's and gemv_norm_rope's: a block holds both columns of a pair
+GEMV_KINDS = ("gemv", "gemv_norm", "gemv_norm_silu", "gemv_norm_rope", "gemv_residual")   # gemv.cu's, M = 1..8
 
 
 def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
@@ -244,35 +244,50 @@ class Kernels:
                             split_keys)
 
     def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, column_warps: int | None = None,
-             norm: tuple[DeviceArray, float] | None = None, silu: bool = False, residual: bool = False) -> None:
+             norm: tuple[DeviceArray, float] | None = None, silu: bool = False, residual: bool = False,
+             rope: tuple | None = None) -> None:
         """y = x @ w^T for a few rows, streaming the weights (gemv.cu), with the kernels beside it fused in:
           norm = (g, eps):  y = rms_norm(x) * g @ w^T        (x the residual stream, g (K,) bf16)
           silu (with norm): y = silu(a[:, :I]) * a[:, I:], a = the above over w = [gate | up] (2I, K); y (M, I)
+          rope (with norm): y = qkv rows, then rope_kv_write()'s work on them: rope = (k_cache, v_cache,
+                            slot_mapping, cos, sin, positions, n_heads, n_kv_heads, head_dim), as there
           residual:         y += x @ w^T                     (y the residual stream, d rounded to bf16 first)
         x (M, K) bf16 with M <= GEMV_MAX_ROWS, w (N, K) bf16, y (M, N) bf16; K a multiple of 8 and x, w, g 16-byte
         aligned (its loads are 16 bytes). column_warps: the warps each output column's row of weights is shared
-        by (GEMV_COLUMN_WARPS; silu: at most GEMV_SILU_MAX_WARPS, fewer taken); None: one
-        per GEMV_KEYS_PER_WARP weights."""
+        by (GEMV_COLUMN_WARPS; silu and rope: at most GEMV_PAIRED_MAX_WARPS, fewer taken); None: one per
+        GEMV_KEYS_PER_WARP weights."""
         (M, K), (N, K_w) = x.shape, w.shape
         g, eps = norm or (None, 0.0)
         _expect("gemv", x.dtype == w.dtype == y.dtype == "bf16" and K == K_w and 1 <= M <= GEMV_MAX_ROWS
                 and y.shape == ((M, N // 2) if silu else (M, N)) and K % 8 == 0 and x.ptr % 16 == 0
                 and w.ptr % 16 == 0 and column_warps in (None, *GEMV_COLUMN_WARPS)
-                and (norm is not None or not silu) and not (residual and norm is not None)
-                and (g is None or (g.dtype == "bf16" and g.shape == (K,) and g.ptr % 16 == 0))
+                and (norm is not None or not (silu or rope)) and not (residual and norm is not None)
+                and not (silu and rope) and (g is None or (g.dtype == "bf16" and g.shape == (K,) and g.ptr % 16 == 0))
                 and (not silu or N % 2 == 0), x, w, y)
         if column_warps is None:
             column_warps = 1
             while column_warps < GEMV_WARPS and K >= 2 * column_warps * GEMV_KEYS_PER_WARP:
                 column_warps *= 2
-        if silu:
-            column_warps = min(column_warps, GEMV_SILU_MAX_WARPS)
+        extra = ()
+        if rope is not None:
+            k_cache, v_cache, slot_mapping, cos, sin, positions, n_heads, n_kv_heads, head_dim = rope
+            _expect("gemv (rope)", N == (n_heads + 2 * n_kv_heads) * head_dim and head_dim % 2 == 0
+                    and k_cache.dtype == v_cache.dtype == "bf16" and k_cache.shape == v_cache.shape
+                    and k_cache.shape[2:] == (n_kv_heads, head_dim) and slot_mapping.shape == positions.shape == (M,)
+                    and slot_mapping.dtype == positions.dtype == "i32" and cos.dtype == sin.dtype == "f32"
+                    and cos.shape == sin.shape and cos.shape[1] == head_dim // 2,
+                    k_cache, v_cache, slot_mapping, cos, sin, positions)
+            extra = (k_cache.arg, v_cache.arg, slot_mapping.arg, cos.arg, sin.arg, positions.arg,
+                     *map(np.int32, (n_heads, n_kv_heads, head_dim)))
+        if silu or rope is not None:
+            column_warps = min(column_warps, GEMV_PAIRED_MAX_WARPS)
         cols = GEMV_WARPS // column_warps                         # output columns a block
-        grid = -(-(N // 2) // (cols // 2)) if silu else -(-N // cols)
-        kind = "gemv_norm_silu" if silu else "gemv_norm" if norm else "gemv_residual" if residual else "gemv"
+        grid = -(-(N // 2) // (cols // 2)) if silu or rope is not None else -(-N // cols)
+        kind = ("gemv_norm_silu" if silu else "gemv_norm_rope" if rope is not None else "gemv_norm" if norm
+                else "gemv_residual" if residual else "gemv")
         self.gpu.launch(self._gemv[kind][M - 1], self._config("gemv", grid, 32 * GEMV_WARPS),
                         w.arg, x.arg, y.arg, np.int32(N), np.int32(K), np.int32(column_warps), _arg(g),
-                        np.float32(eps))
+                        np.float32(eps), *extra)
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
                seed: DeviceArray, logit_seq_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:

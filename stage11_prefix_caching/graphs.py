@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from .gemm_timings import GemmTimings
-from .kernels import GEMV_COLUMN_WARPS, GEMV_MAX_ROWS, GEMV_SILU_MAX_WARPS, decode_split
+from .kernels import GEMV_COLUMN_WARPS, GEMV_MAX_ROWS, GEMV_PAIRED_MAX_WARPS, decode_split
 from .packing import StepInputs
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -70,7 +70,7 @@ def gpu_us(gpu, work, repeats: int = 3) -> float:
 def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, int], tuple[float, float, int]]:
     """For each layer GEMM (qkv, o, gate_up, down) and each M in `rows` up to GEMV_MAX_ROWS: the GPU time of one
     through gemv.cu with its neighbours fused in (model.fused_gemm) at each of GEMV_COLUMN_WARPS warps a column
-    (those that give every lane a load; SwiGLU's at most GEMV_SILU_MAX_WARPS), and through cuBLAS alone for
+    (those that give every lane a load; SwiGLU's at most GEMV_PAIRED_MAX_WARPS), and through cuBLAS alone for
     comparison, each the mean over every layer's weights of that name (a pass over them all: the weights stream
     from HBM as in a step), or the times `timings` kept from an earlier engine on this machine.
     model.gemv_shapes maps each (M, N, K) to its fastest warps a column. Returns (name, M) -> (cuBLAS us, gemv
@@ -80,16 +80,16 @@ def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, 
         return times
     for name, (src, dst) in GEMM_BUFFERS.items():
         (N, K), L = model.layers[0][name].shape, len(model.layers)
-        most = GEMV_SILU_MAX_WARPS if name == "gate_up" else max(GEMV_COLUMN_WARPS)
+        most = GEMV_PAIRED_MAX_WARPS if name == "gate_up" else max(GEMV_COLUMN_WARPS)
         for m in (r for r in rows if r <= GEMV_MAX_ROWS):
             if (kept := timings.get("gemv", (name, m, N, K, L))) is None:
                 x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
-                zero_inputs(model, m)
+                rows = padding_rows(model, m)
                 blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, layer[name], y)
                                                   for layer in model.layers]) / L
                 mine, column_warps = min(
-                    (gpu_us(model.gpu, lambda: [model.fused_gemm(name, layer, m, warps)
-                                                for layer in model.layers]) / L, warps)
+                    (gpu_us(model.gpu, lambda: [model.fused_gemm(name, i, m, rows, warps) for i in range(L)]) / L,
+                     warps)
                     for warps in GEMV_COLUMN_WARPS if warps <= most and (warps == 1 or K >= 8 * 32 * warps))
                 timings.put("gemv", (name, m, N, K, L), kept := [blas, mine, column_warps])
             blas, mine, column_warps = kept
@@ -100,7 +100,7 @@ def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, 
 
 def pick_fused(model, rows: list[int], timings: GemmTimings) -> dict[int, tuple[float, float]]:
     """For each M in `rows` up to GEMV_MAX_ROWS, after pick_gemms: the GPU time of a layer's GEMMs and the kernels
-    between them (attention aside), unfused and fused (model.project_qkv and model.finish_layer), the mean over a
+    between them (rope and the cache write too; attention aside), unfused and fused (model.project_qkv and model.finish_layer), the mean over a
     pass through every layer, or as `timings` kept it. model.fused_sizes gets the M where fused took less, and
     model.gemv_shapes keeps only those sizes. Returns M -> (unfused us, fused us)."""
     times = {}
@@ -110,10 +110,10 @@ def pick_fused(model, rows: list[int], timings: GemmTimings) -> dict[int, tuple[
     shape = (c.hidden_size, c.intermediate_size, model.qkv_width, c.num_attention_heads * c.head_dim, L)
     for m in (r for r in rows if r <= GEMV_MAX_ROWS):
         if (kept := timings.get("fused", (m, *shape))) is None:
-            zero_inputs(model, m)
+            rows = padding_rows(model, m)
             kept = [gpu_us(model.gpu, lambda fused=fused: [
-                        (model.project_qkv(i, w, m, fused), model.finish_layer(w, m, fused))
-                        for i, w in enumerate(model.layers)]) / L for fused in (False, True)]
+                        (model.project_qkv(i, m, fused, rows), model.finish_layer(i, m, fused))
+                        for i in range(L)]) / L for fused in (False, True)]
             timings.put("fused", (m, *shape), kept)
         times[m] = tuple(kept)
         if kept[1] < kept[0]:
@@ -122,10 +122,12 @@ def pick_fused(model, rows: list[int], timings: GemmTimings) -> dict[int, tuple[
     return times
 
 
-def zero_inputs(model, m: int) -> None:
-    """Zeros in the first m rows of every buffer a timed GEMM reads: no NaN or Inf in the timing (x's norm is 0)."""
+def padding_rows(model, m: int) -> tuple:
+    """Zeros in the first m rows of every buffer a timed GEMM reads (no NaN or Inf in the timing: x's norm is 0),
+    and the (positions, slot_mapping) of m padding rows: position 0, no cache slot (nothing written)."""
     for buf in ("x", "h", "d", "attn", "act"):
         model.gpu.fill_bytes(model.row_view(getattr(model, buf), 0, m), 0)
+    return model.gpu.to_device(np.zeros(m, np.int32)), model.gpu.to_device(np.full(m, -1, np.int32))
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -218,7 +220,7 @@ class DecodeGraphs:
         after one eager run of the same work (cuBLAS and the launch configurations set themselves up outside the
         capture), on inputs of padding rows only."""
         t0 = time.perf_counter()
-        timings = GemmTimings.for_model(self.model, GEMV_COLUMN_WARPS, GEMV_SILU_MAX_WARPS)
+        timings = GemmTimings.for_model(self.model, GEMV_COLUMN_WARPS, GEMV_PAIRED_MAX_WARPS)
         self.gemm_us = pick_gemms(self.model, self.sizes, timings)
         self.fused_us = pick_fused(self.model, self.sizes, timings)
         self.timed_now, self.timings_file = len(timings.new), timings.path

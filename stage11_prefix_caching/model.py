@@ -21,10 +21,10 @@ in it: what batching buys.
 
 The GEMMs are cuBLAS's. A step of a few rows (a small decode batch, of a size in fused_sizes: where the engine
 timed it faster) streams each layer's weights through gemv.cu instead, with what stands around each GEMM fused
-into it: six kernels a layer instead of nine (the attention's split combine aside):
+into it: five kernels a layer instead of nine (the attention's split combine aside):
 
-    qkv = (rms_norm(x) * w_in) @ Wqkv^T             the norm inside the GEMV (gemv_norm)
-    rope_kv_write, attention                        as above
+    qkv = (rms_norm(x) * w_in) @ Wqkv^T, rope, K/V  the norm, rope and cache write in the GEMV (gemv_norm_rope)
+    attention                                       as above
     x += a @ Wo^T                                   the residual add in its epilogue (gemv_residual)
     act = silu(g) * u, [g | u] = (rms_norm(x) * w_post) @ Wgate_up^T     norm and SwiGLU (gemv_norm_silu)
     x += act @ Wdown^T                              (gemv_residual)
@@ -241,17 +241,16 @@ class Model:
         qkv, attn = view(self.qkv, 0, R), view(self.attn, 0, R)
         k.embedding(tokens, self.weights["model.embed_tokens.weight"], x, prev_rows, self.next_ids)
         fused = R in self.fused_sizes
-        for i, w in enumerate(self.layers):
-            self.project_qkv(i, w, R, fused)
+        for i in range(len(self.layers)):
+            self.project_qkv(i, R, fused, (positions, slot_mapping))
             k_cache, v_cache = self.cache.layer(i)
-            k.rope_kv_write(qkv, k_cache, v_cache, slot_mapping, nh, nkv, hd, (self.cos, self.sin, positions))
             if prompt_tiles is not None:
                 k.attention(qkv, k_cache, v_cache, attn, self.partial, prompt_tiles, self.block_tables, nh, nkv,
                             hd)
             if decode_tiles is not None:
                 k.attention(qkv, k_cache, v_cache, attn, self.partial, decode_tiles, self.block_tables, nh, nkv,
                             hd, *split)
-            self.finish_layer(w, R, fused)
+            self.finish_layer(i, R, fused)
         if fused:                                     # every residual add is done
             k.rms_norm(x, self.weights["model.norm.weight"], h, eps)
         else:
@@ -265,30 +264,36 @@ class Model:
         self.cublas.linear(chosen, self.weights.lm_head, logits)
         return logits
 
-    def project_qkv(self, i: int, w: dict[str, DeviceArray], R: int, fused: bool) -> None:
-        """qkv = rms_norm(x) * w_in @ Wqkv^T for layer i over the first R rows; unfused, x += d first where the
-        layer before left its MLP's output in d."""
-        k, eps, view = self.kernels, self.config.rms_norm_eps, self.row_view
-        x, h, qkv = view(self.x, 0, R), view(self.h, 0, R), view(self.qkv, 0, R)
-        if fused:                                     # the norm inside the GEMV (gemv.cu)
-            self.fused_gemm("qkv", w, R)
+    def project_qkv(self, i: int, R: int, fused: bool, rows: tuple[DeviceArray, DeviceArray]) -> None:
+        """Layer i's q, k, v of the first R rows: qkv = rms_norm(x) * w_in @ Wqkv^T (unfused, x += d first where
+        the layer before left its MLP's output in d), q and k rotated at each row's position and k, v written to
+        its cache slot; rows = (positions, slot_mapping), (R,) i32 each."""
+        c, k, view = self.config, self.kernels, self.row_view
+        w, eps = self.layers[i], c.rms_norm_eps
+        if fused:                                     # the norm, rope and cache write inside the GEMV (gemv.cu)
+            self.fused_gemm("qkv", i, R, rows)
             return
+        x, h, qkv = view(self.x, 0, R), view(self.h, 0, R), view(self.qkv, 0, R)
         if i == 0:
             k.rms_norm(x, w["in_norm"], h, eps)
         else:
             k.add_rms_norm(x, view(self.d, 0, R), w["in_norm"], h, eps)
         self.cublas.linear(h, w["qkv"], qkv)
+        positions, slot_mapping = rows
+        k.rope_kv_write(qkv, *self.cache.layer(i), slot_mapping, c.num_attention_heads, c.num_key_value_heads,
+                        c.head_dim, (self.cos, self.sin, positions))
 
-    def finish_layer(self, w: dict[str, DeviceArray], R: int, fused: bool) -> None:
-        """After attention, over the first R rows: x += attn Wo^T, then the MLP, act = silu(g) * u with [g | u] =
-        rms_norm(x) * w_post @ Wgate_up^T, and its down projection: added into x (fused), or left in d for the
-        next norm to add (unfused)."""
-        k, eps, view = self.kernels, self.config.rms_norm_eps, self.row_view
-        x, h, d, attn, act = (view(b, 0, R) for b in (self.x, self.h, self.d, self.attn, self.act))
+    def finish_layer(self, i: int, R: int, fused: bool) -> None:
+        """After layer i's attention, over the first R rows: x += attn Wo^T, then the MLP, act = silu(g) * u with
+        [g | u] = rms_norm(x) * w_post @ Wgate_up^T, and its down projection: added into x (fused), or left in d
+        for the next norm to add (unfused)."""
+        k, view = self.kernels, self.row_view
+        w, eps = self.layers[i], self.config.rms_norm_eps
         if fused:                                     # the norm, SwiGLU and residual adds inside the GEMVs
             for name in ("o", "gate_up", "down"):
-                self.fused_gemm(name, w, R)
+                self.fused_gemm(name, i, R)
             return
+        x, h, d, attn, act = (view(b, 0, R) for b in (self.x, self.h, self.d, self.attn, self.act))
         gate_up = view(self.gate_up, 0, R)
         self.cublas.linear(attn, w["o"], d)
         k.add_rms_norm(x, d, w["post_norm"], h, eps)  # x += attention output
@@ -296,16 +301,20 @@ class Model:
         k.silu_mul(gate_up, act)
         self.cublas.linear(act, w["down"], d)
 
-    def fused_gemm(self, name: str, w: dict[str, DeviceArray], R: int, column_warps: int | None = None) -> None:
-        """Layer GEMM `name` over the first R rows through gemv.cu with its neighbours fused in (the module's
-        docstring), at column_warps warps a column: given, or the fastest timed for the shape (graphs.pick_gemms),
-        or gemv.cu's default."""
-        k, eps, view = self.kernels, self.config.rms_norm_eps, self.row_view
+    def fused_gemm(self, name: str, i: int, R: int, rows: tuple[DeviceArray, DeviceArray] | None = None,
+                   column_warps: int | None = None) -> None:
+        """Layer i's GEMM `name` over the first R rows through gemv.cu with its neighbours fused in (the module's
+        docstring), at column_warps warps a column: given, or the fastest timed for the shape
+        (graphs.pick_gemms), or gemv.cu's default. qkv takes rows = (positions, slot_mapping)."""
+        c, k, view = self.config, self.kernels, self.row_view
+        w, eps = self.layers[i], c.rms_norm_eps
         x, act = view(self.x, 0, R), view(self.act, 0, R)
         if column_warps is None:
             column_warps = self.gemv_shapes.get((R, *w[name].shape))
         if name == "qkv":
-            k.gemv(x, w["qkv"], view(self.qkv, 0, R), column_warps, norm=(w["in_norm"], eps))
+            rope = (*self.cache.layer(i), rows[1], self.cos, self.sin, rows[0], c.num_attention_heads,
+                    c.num_key_value_heads, c.head_dim)
+            k.gemv(x, w["qkv"], view(self.qkv, 0, R), column_warps, norm=(w["in_norm"], eps), rope=rope)
         elif name == "o":
             k.gemv(view(self.attn, 0, R), w["o"], x, column_warps, residual=True)
         elif name == "gate_up":

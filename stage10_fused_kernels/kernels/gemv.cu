@@ -7,6 +7,9 @@
 //                  (RMSNorm with weight g (K,) bf16 in front: x is the residual stream, the norm is not stored)
 //   gemv_norm_silu act[m, j] = silu(a[m, j]) a[m, I + j],  a = gemv_norm(x) over W = [W_gate | W_up] (2I, K),
 //                  act (M, I) bf16: SwiGLU's gate and its product, in the GEMM that makes them
+//   gemv_norm_rope qkv = gemv_norm(x) over W = Wqkv, then RoPE on its q and k heads at positions[m] and the k and
+//                  v heads into the KV cache at slot_mapping[m]: rope_kv_write.cu's work, in the GEMM that makes
+//                  the values (the rotate-half pairs i, i + hd/2 of a head computed by one block)
 //   gemv_residual  y[m, n] += bf16(sum_k x[m, k] W[n, k])  (y the residual stream: the add after o and down)
 //
 // At M = 1..8 a linear layer reads N K weights to do M N K multiply-adds: about one flop per byte, so its time is
@@ -32,10 +35,12 @@
 // M is large enough that the plain GEMV is no longer purely a stream; the engine times both (graphs.py). For SwiGLU a
 // block's first half of columns are gate rows j and its second half the up rows I + j of the same j, so the
 // block holds both factors of its outputs and multiplies them before anything is stored (the unfused path
-// rounds both to bf16 first); it needs two columns a block (column_warps <= 4).
+// rounds both to bf16 first); RoPE pairs the same way, dims i and i + hd/2 of a head, rotates the two sums and
+// stores them, rounded once, into qkv and (k, v) the cache. Paired kinds need two columns a block (column_warps
+// <= 4).
 //
-// Launch: grid ceil(N / (8 / column_warps)) (gemv_norm_silu: ceil(I / (4 / column_warps))), block 256 (8 warps:
-// 8 / column_warps columns a block). One instantiation per M and kind (gemv_m1 .. gemv_residual_m8).
+// Launch: grid ceil(N / (8 / column_warps)) (paired kinds: ceil(N / 2 / (4 / column_warps))), block 256 (8
+// warps: 8 / column_warps columns a block). One instantiation per M and kind (gemv_m1 .. gemv_norm_rope_m8).
 #include <cuda_bf16.h>
 #include "pdl.cuh"
 
@@ -48,7 +53,54 @@ union Pack {                                          // 8 bf16, loaded as one 1
     __nv_bfloat162 pair[VEC / 2];
 };
 
-enum Kind { PLAIN, NORM, NORM_SILU, RESIDUAL };
+enum Kind { PLAIN, NORM, NORM_SILU, NORM_ROPE, RESIDUAL };
+
+template <int KIND> constexpr bool has_norm = KIND == NORM || KIND == NORM_SILU || KIND == NORM_ROPE;
+template <int KIND> constexpr bool paired = KIND == NORM_SILU || KIND == NORM_ROPE;   // two columns make an output
+
+// what gemv_norm_rope needs beyond the GEMV (rope_kv_write.cu's arguments)
+struct Rope {
+    __nv_bfloat16* k_cache;                           // (num_blocks * BS, nkv, hd): cache slots
+    __nv_bfloat16* v_cache;
+    const int* slot_mapping;                          // (M,): -1 writes nothing
+    const float* cos_table;                           // (max_len, hd / 2)
+    const float* sin_table;
+    const int* positions;                             // (M,)
+    int n_heads, n_kv_heads, head_dim;
+};
+
+// the row of W that makes member `second` (0 or 1) of pair p: SwiGLU's gate row p and up row I + p; RoPE's
+// dims i and i + hd/2 of the head p / (hd/2), i = p % (hd/2) (rotate-half pairs)
+template <int KIND>
+__device__ __forceinline__ int pair_row(int p, int second, int n_cols, const Rope& rope) {
+    if (KIND == NORM_SILU) return second ? n_cols / 2 + p : p;
+    const int half = rope.head_dim / 2;
+    return p / half * rope.head_dim + p % half + (second ? half : 0);
+}
+
+// RoPE on the pair (a, b) of row m and pair p, stored into qkv (M, n_cols); k and v pairs also into the cache
+__device__ __forceinline__ void rope_store(float a, float b, int m, int p, __nv_bfloat16* __restrict__ qkv,
+                                           int n_cols, const Rope& rope) {
+    const int half = rope.head_dim / 2, head = p / half, i = p % half;
+    if (head < rope.n_heads + rope.n_kv_heads) {     // a q or k head: rotated at the row's position
+        const long long at = static_cast<long long>(rope.positions[m]) * half + i;
+        const float c = rope.cos_table[at], s = rope.sin_table[at];
+        const float ra = a * c - b * s, rb = b * c + a * s;
+        a = ra, b = rb;
+    }
+    const __nv_bfloat16 qa = __float2bfloat16(a), qb = __float2bfloat16(b);
+    __nv_bfloat16* row = qkv + static_cast<long long>(m) * n_cols + head * rope.head_dim;
+    row[i] = qa;
+    row[i + half] = qb;
+    const int slot = rope.slot_mapping[m];
+    if (head < rope.n_heads || slot < 0) return;     // a query (attention reads it in qkv), or padding
+    const int kv = head - rope.n_heads;              // k heads 0..nkv-1, then v heads
+    __nv_bfloat16* cache = kv < rope.n_kv_heads ? rope.k_cache : rope.v_cache;
+    __nv_bfloat16* dst = cache + (static_cast<long long>(slot) * rope.n_kv_heads + kv % rope.n_kv_heads) *
+                                 rope.head_dim;
+    dst[i] = qa;
+    dst[i + half] = qb;
+}
 
 // acc[m] += the 8 weights in a . x[m, k .. k + 7]. With the norm (NORM, NORM_SILU) the weights are scaled by
 // g[k .. k + 7] first (once, not once a row), and where `squares` sq[m] += x[m, k .. k + 7]^2.
@@ -56,7 +108,7 @@ template <int M, int KIND>
 __device__ __forceinline__ void accumulate(float acc[M], float sq[M], const Pack& a,
                                            const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ g,
                                            int k, int k_dim, bool squares) {
-    constexpr bool norm = KIND == NORM || KIND == NORM_SILU;
+    constexpr bool norm = has_norm<KIND>;
     float2 wf[VEC / 2];
     Pack gain;
     if (norm) gain.word = __ldg(reinterpret_cast<const uint4*>(g + k));
@@ -92,17 +144,16 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <int M, int KIND>
 __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,
                                             __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps,
-                                            const __nv_bfloat16* __restrict__ g, float eps) {
+                                            const __nv_bfloat16* __restrict__ g, float eps, const Rope& rope) {
     __shared__ float partial[WARPS][M], partial_sq[WARPS][M], total[WARPS][M];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % column_warps;
     const int cols = WARPS / column_warps, col = warp / column_warps;   // columns a block; this warp's
-    if (KIND == NORM_SILU && cols < 2) __trap();     // a gate column needs its up column in the block
-    int n, row;                                      // the output column, and the row of W that makes it
-    if (KIND == NORM_SILU) {                         // columns [0, cols/2): gate rows j; the rest: up rows I + j
-        const int half = cols / 2, inter = n_cols / 2;
+    if (paired<KIND> && cols < 2) __trap();          // a pair's two columns must be in one block
+    int n, row;                                      // the output column (or pair), and the row of W that makes it
+    if (paired<KIND>) {                              // columns [0, cols/2): first members of pairs; the rest: second
+        const int half = cols / 2;
         n = blockIdx.x * half + col % half;
-        row = col < half ? n : inter + n;
-        if (n >= inter) row = -1;
+        row = n < n_cols / 2 ? pair_row<KIND>(n, col >= half, n_cols, rope) : -1;
     } else {
         n = row = blockIdx.x * cols + col;
         if (n >= n_cols) row = -1;
@@ -138,7 +189,7 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-        const float v = warp_sum(acc[m]), s = KIND == NORM || KIND == NORM_SILU ? warp_sum(sq[m]) : 0.0f;
+        const float v = warp_sum(acc[m]), s = has_norm<KIND> ? warp_sum(sq[m]) : 0.0f;
         if (lane == 0) partial[warp][m] = v, partial_sq[warp][m] = s;
     }
     __syncthreads();
@@ -152,15 +203,18 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
             sum += partial[c * column_warps + q][m];
             sum_sq += partial_sq[q][m];
         }
-        if (KIND == NORM || KIND == NORM_SILU) sum *= rsqrtf(sum_sq / k_dim + eps);
+        if (has_norm<KIND>) sum *= rsqrtf(sum_sq / k_dim + eps);
     }
-    if (KIND == NORM_SILU) {                         // gate column c meets its up column c + cols / 2
+    if (paired<KIND>) {                              // column c meets its partner c + cols / 2
         if (mine) total[c][m] = sum;
         __syncthreads();
-        const int half = cols / 2, inter = n_cols / 2, j = blockIdx.x * half + c;
-        if (threadIdx.x < half * M && j < inter) {
-            const float gate = total[c][m], up = total[c + half][m];
-            y[static_cast<long long>(m) * inter + j] = __float2bfloat16(gate / (1.0f + __expf(-gate)) * up);
+        const int half = cols / 2, pair = blockIdx.x * half + c;
+        if (threadIdx.x >= half * M || pair >= n_cols / 2) return;
+        const float a = total[c][m], b = total[c + half][m];
+        if (KIND == NORM_SILU) {                     // a = gate, b = up
+            y[static_cast<long long>(m) * (n_cols / 2) + pair] = __float2bfloat16(a / (1.0f + __expf(-a)) * b);
+        } else {
+            rope_store(a, b, m, pair, y, n_cols, rope);
         }
         return;
     }
@@ -179,11 +233,22 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
             const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,                           \
             __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps,                              \
             const __nv_bfloat16* __restrict__ g, float eps) {                                                    \
-        gemv_column<M, KIND>(w, x, y, n_cols, k_dim, column_warps, g, eps);                                      \
+        gemv_column<M, KIND>(w, x, y, n_cols, k_dim, column_warps, g, eps, Rope{});                              \
+    }
+#define KERNEL_ROPE(M)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_norm_rope_m##M(                               \
+            const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,                           \
+            __nv_bfloat16* __restrict__ qkv, int n_cols, int k_dim, int column_warps,                            \
+            const __nv_bfloat16* __restrict__ g, float eps, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,      \
+            const int* slot_mapping, const float* cos_table, const float* sin_table, const int* positions,       \
+            int n_heads, int n_kv_heads, int head_dim) {                                                         \
+        gemv_column<M, NORM_ROPE>(w, x, qkv, n_cols, k_dim, column_warps, g, eps,                                \
+                                  Rope{k_cache, v_cache, slot_mapping, cos_table, sin_table, positions,          \
+                                       n_heads, n_kv_heads, head_dim});                                          \
     }
 #define INSTANTIATE(M)                                                                                            \
     KERNEL(gemv, PLAIN, M) KERNEL(gemv_norm, NORM, M) KERNEL(gemv_norm_silu, NORM_SILU, M)                      \
-    KERNEL(gemv_residual, RESIDUAL, M)
+    KERNEL(gemv_residual, RESIDUAL, M) KERNEL_ROPE(M)
 INSTANTIATE(1)
 INSTANTIATE(2)
 INSTANTIATE(3)

@@ -99,11 +99,18 @@ def test_rope_rotates_each_row_by_its_own_position_and_its_rotated_k_is_cached(k
     want = apply_rope(qkvf[:, :rot].reshape(T, nh + nkv, hd), c, s).reshape(T, rot)
     assert rel_l2(got[:, :rot], want) < 1e-2
     assert np.array_equal(got[:, rot:], qkvf[:, rot:])                   # v untouched
+    check_cache_writes(gpu, k_cache, v_cache, slots, got[:, nh * hd:rot], qkvf[:, rot:])   # the rotated k
+
+
+def check_cache_writes(gpu, k_cache, v_cache, slots, k_rows, v_rows):
+    """Row t's k and v (T, nkv hd) in cache slot slots[t], exactly; a slot of -1 writes nothing, and every slot
+    not named keeps its poison."""
+    nkv, hd = k_cache.shape[2:]
     k, v = read(gpu, k_cache).reshape(-1, nkv, hd), read(gpu, v_cache).reshape(-1, nkv, hd)
     kept = slots >= 0
-    assert np.array_equal(k[slots[kept]], got[kept, nh * hd:rot].reshape(-1, nkv, hd))   # the rotated k, exactly
-    assert np.array_equal(v[slots[kept]], qkvf[kept, rot:].reshape(-1, nkv, hd))
-    untouched = np.setdiff1d(np.arange(2 * T), slots[kept])
+    assert np.array_equal(k[slots[kept]], k_rows[kept].reshape(-1, nkv, hd))
+    assert np.array_equal(v[slots[kept]], v_rows[kept].reshape(-1, nkv, hd))
+    untouched = np.setdiff1d(np.arange(len(k)), slots[kept])
     assert np.isnan(k[untouched]).all() and np.isnan(v[untouched]).all()
 
 
@@ -463,6 +470,41 @@ def test_gemv_residual_matches_numpy(kernels, rng, column_warps, M, N, K):
     assert (np.abs(got - want) <= 2 * 2.0 ** -7 * scale).all()
 
 
+@pytest.mark.parametrize("column_warps", [None, 1, 4, 8])
+@pytest.mark.parametrize("M", [1, 3, 8])
+# head_dim 64 and 128, GQA ratios 1, 3 and 4; hidden widths that are not a block's columns
+@pytest.mark.parametrize("nh, nkv, hd, K", [(4, 4, 64, 264), (3, 1, 128, 2048), (8, 2, 64, 4104)])
+def test_gemv_norm_rope_matches_numpy(kernels, rng, column_warps, M, nh, nkv, hd, K):
+    """qkv = rms_norm(x) * g @ Wqkv^T, then rope_kv_write's work: q and k heads rotated at each row's position, v
+    as computed, and each row's k and v in its cache slot (none for a slot of -1); poisoned outputs and cache."""
+    from dataclasses import replace
+
+    from common.rope import rope_cos_sin
+    from common.synthetic import PRESETS
+
+    gpu, max_len = kernels.gpu, 300
+    cos, sin = rope_cos_sin(replace(PRESETS["llama-3.2-1b"], head_dim=hd), np.arange(max_len))
+    positions = rng.integers(0, max_len, M).astype(np.int32)
+    positions[0] = max_len - 1
+    slots = rng.permutation(2 * M).astype(np.int32)[:M]                 # a pool of 2 M slots
+    slots[M // 2] = -1
+    width, rot = (nh + 2 * nkv) * hd, (nh + nkv) * hd
+    x, xf = bf16(gpu, rows_at_scales(rng, M, K))
+    g, gf = bf16(gpu, rng.normal(1, 0.2, K))
+    w, wf = bf16(gpu, rng.normal(0, 0.05, (width, K)))
+    qkv = poisoned(gpu, (M, width))
+    k_cache, v_cache = poisoned(gpu, (2 * M, 1, nkv, hd)), poisoned(gpu, (2 * M, 1, nkv, hd))
+    rope = (k_cache, v_cache, gpu.to_device(slots), gpu.to_device(cos), gpu.to_device(sin), gpu.to_device(positions),
+            nh, nkv, hd)
+    kernels.gemv(x, w, qkv, column_warps, norm=(g, 1e-5), rope=rope)
+    plain = rms_norm(xf, gf, 1e-5) @ wf.T
+    want = plain.copy()
+    want[:, :rot] = apply_rope(plain[:, :rot].reshape(M, nh + nkv, hd), cos[positions], sin[positions]).reshape(M, rot)
+    got = read(gpu, qkv)
+    assert rel_l2(got, want) < 1e-2
+    check_cache_writes(gpu, k_cache, v_cache, slots, got[:, nh * hd:rot], got[:, rot:])    # what qkv holds
+
+
 def test_gemv_fused_refuses_what_it_cannot_do(kernels):
     gpu = kernels.gpu
     x, w, g = gpu.empty((1, 16), "bf16"), gpu.empty((6, 16), "bf16"), gpu.empty((16,), "bf16")
@@ -474,6 +516,11 @@ def test_gemv_fused_refuses_what_it_cannot_do(kernels):
         kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(gpu.empty((8,), "bf16"), 1e-5))
     with pytest.raises(ValueError, match="gemv"):                          # norm and residual: not one kernel
         kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(g, 1e-5), residual=True)
+    cache, ids = gpu.empty((4, 1, 1, 2), "bf16"), gpu.empty((1,), "i32")
+    table = gpu.empty((8, 1), "f32")
+    with pytest.raises(ValueError, match="rope"):                          # 6 columns are not 1 + 2 * 1 heads of 4
+        kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(g, 1e-5), rope=(cache, cache, ids, table, table, ids,
+                                                                            1, 1, 4))
 
 
 def test_kernels_launched_early_give_the_bits_of_kernels_launched_in_turn(kernels, rng):
