@@ -272,7 +272,8 @@ class Kernels:
         if rope is not None:
             k_cache, v_cache, slot_mapping, cos, sin, positions, n_heads, n_kv_heads, head_dim = rope
             _expect("gemv (rope)", N == (n_heads + 2 * n_kv_heads) * head_dim and head_dim % 2 == 0
-                    and k_cache.dtype == v_cache.dtype == "bf16" and k_cache.shape == v_cache.shape
+                    and k_cache.dtype == v_cache.dtype == "bf16" and len(k_cache.shape) == 4
+                    and k_cache.shape == v_cache.shape
                     and k_cache.shape[2:] == (n_kv_heads, head_dim) and slot_mapping.shape == positions.shape == (M,)
                     and slot_mapping.dtype == positions.dtype == "i32" and cos.dtype == sin.dtype == "f32"
                     and cos.shape == sin.shape and cos.shape[1] == head_dim // 2,

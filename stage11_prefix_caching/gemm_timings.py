@@ -7,7 +7,7 @@ engines on one machine could pick differently, round their logits differently, a
 one: the same kernels, the same bits. It also saves the start its timing took (about a second for the 1B).
 
 The file is named by a hash of everything that can change what a timing means: the GPU's name, cuBLAS's version
-(which picks its kernel for a shape), gemv.cu and pdl.cuh as compiled, and the warps a column tried.
+(which picks its kernel for a shape), the kernels timed (TIMED_KERNELS) as compiled, and the warps a column tried.
 An entry is keyed by its kind ("gemv": one GEMM's warps; "fused": a layer fused against unfused), the GEMM's name,
 M and the shapes, and the number of layers timed (their weights stream from HBM, not L2, only when there are
 enough of them). Delete the file to time again.
@@ -26,6 +26,7 @@ from pathlib import Path
 from common.compile import cache_root
 
 KERNELS = Path(__file__).parent / "kernels"
+TIMED_KERNELS = ("gemv.cu", "pdl.cuh", "rmsnorm.cu", "rope_kv_write.cu", "silu_mul.cu")   # what a timing runs
 
 
 class GemmTimings:
@@ -39,7 +40,7 @@ class GemmTimings:
         """The file for this machine and code; `config` adds the warps a column tried (they change what is timed)."""
         h = hashlib.sha256()
         for part in (model.gpu.name, str(model.cublas.version), *map(repr, config),
-                     (KERNELS / "gemv.cu").read_text(), (KERNELS / "pdl.cuh").read_text()):
+                     *((KERNELS / name).read_text() for name in TIMED_KERNELS)):
             h.update(part.encode())
             h.update(b"\0")
         return cls(cache_root() / "gemm-timings" / f"{h.hexdigest()[:20]}.json")

@@ -67,21 +67,21 @@ def gpu_us(gpu, work, repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, int], tuple[float, float, int]]:
-    """For each layer GEMM (qkv, o, gate_up, down) and each M in `rows` up to GEMV_MAX_ROWS: the GPU time of one
+def pick_gemms(model, sizes: list[int], timings: GemmTimings) -> dict[tuple[str, int], tuple[float, float, int]]:
+    """For each layer GEMM (qkv, o, gate_up, down) and each M in `sizes` up to GEMV_MAX_ROWS: the GPU time of one
     through gemv.cu with its neighbours fused in (model.fused_gemm) at each of GEMV_COLUMN_WARPS warps a column
-    (those that give every lane a load; SwiGLU's at most GEMV_PAIRED_MAX_WARPS), and through cuBLAS alone for
-    comparison, each the mean over every layer's weights of that name (a pass over them all: the weights stream
-    from HBM as in a step), or the times `timings` kept from an earlier engine on this machine.
-    model.gemv_shapes maps each (M, N, K) to its fastest warps a column. Returns (name, M) -> (cuBLAS us, gemv
-    us, column_warps)."""
+    (those that give every lane a load; the paired kinds, qkv and gate_up, at most GEMV_PAIRED_MAX_WARPS), and
+    through cuBLAS alone for comparison, each the mean over every layer's weights of that name (a pass over them
+    all: the weights stream from HBM as in a step), or the times `timings` kept from an earlier engine on this
+    machine. model.gemv_shapes maps each (M, N, K) to its fastest warps a column. Returns (name, M) -> (cuBLAS
+    us, gemv us, column_warps)."""
     times = {}
     if not model.fusable:
         return times
     for name, (src, dst) in GEMM_BUFFERS.items():
         (N, K), L = model.layers[0][name].shape, len(model.layers)
-        most = GEMV_PAIRED_MAX_WARPS if name == "gate_up" else max(GEMV_COLUMN_WARPS)
-        for m in (r for r in rows if r <= GEMV_MAX_ROWS):
+        most = GEMV_PAIRED_MAX_WARPS if name in ("qkv", "gate_up") else max(GEMV_COLUMN_WARPS)
+        for m in (r for r in sizes if r <= GEMV_MAX_ROWS):
             if (kept := timings.get("gemv", (name, m, N, K, L))) is None:
                 x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
                 rows = padding_rows(model, m)
@@ -98,17 +98,17 @@ def pick_gemms(model, rows: list[int], timings: GemmTimings) -> dict[tuple[str, 
     return times
 
 
-def pick_fused(model, rows: list[int], timings: GemmTimings) -> dict[int, tuple[float, float]]:
-    """For each M in `rows` up to GEMV_MAX_ROWS, after pick_gemms: the GPU time of a layer's GEMMs and the kernels
-    between them (rope and the cache write too; attention aside), unfused and fused (model.project_qkv and model.finish_layer), the mean over a
-    pass through every layer, or as `timings` kept it. model.fused_sizes gets the M where fused took less, and
+def pick_fused(model, sizes: list[int], timings: GemmTimings) -> dict[int, tuple[float, float]]:
+    """For each M in `sizes` up to GEMV_MAX_ROWS, after pick_gemms: the GPU time of a layer's GEMMs and the
+    kernels between them (rope and the cache write too; attention aside), unfused and fused (model.project_qkv,
+    model.finish_layer), the mean over a pass through every layer, or as `timings` kept it. model.fused_sizes gets the M where fused took less, and
     model.gemv_shapes keeps only those sizes. Returns M -> (unfused us, fused us)."""
     times = {}
     if not model.fusable:
         return times
     c, L = model.config, len(model.layers)
     shape = (c.hidden_size, c.intermediate_size, model.qkv_width, c.num_attention_heads * c.head_dim, L)
-    for m in (r for r in rows if r <= GEMV_MAX_ROWS):
+    for m in (r for r in sizes if r <= GEMV_MAX_ROWS):
         if (kept := timings.get("fused", (m, *shape))) is None:
             rows = padding_rows(model, m)
             kept = [gpu_us(model.gpu, lambda fused=fused: [

@@ -100,3 +100,39 @@ def test_no_gemv_where_the_weights_do_not_suit_it(tmp_path):
     timings = GemmTimings(tmp_path / "t.json")
     assert pick_gemms(model, [1, 2], timings) == {} and pick_fused(model, [1, 2], timings) == {}
     assert model.gemv_shapes == {} and model.fused_sizes == set()
+
+
+def test_timing_anew_times_every_kind_at_every_size_and_keeps_it(tmp_path, monkeypatch):
+    """With nothing kept, each GEMM is timed at each size up to 8 rows and each warps a column it may take, then
+    each size's layer fused and unfused, on padding rows; a fake clock (fused time grows with M, the warps and
+    the size) decides. Every time is kept: a second pick over the same file times nothing."""
+    from .. import graphs
+
+    calls = []
+
+    def fake_us(gpu, work, repeats=3):
+        calls.clear()
+        work()
+        if calls[0][0] == "fused_gemm":
+            return 5.0 + calls[0][2] + calls[0][3]          # 5 + M + warps: one warp a column is fastest
+        return 5.0 + 4 * calls[0][2] if calls[0][0] == "fused layer" else 10.0   # a fused layer wins at 1 row
+
+    monkeypatch.setattr(graphs, "gpu_us", fake_us)
+    model = fake_model(SHAPES)
+    model.gpu = SimpleNamespace(fill_bytes=lambda a, v: None, to_device=lambda host: host)
+    model.cublas = SimpleNamespace(linear=lambda x, w, y: calls.append(("cublas", None, 0)))
+    model.fused_gemm = lambda name, i, m, rows, warps: calls.append(("fused_gemm", name, m, warps))
+    model.project_qkv = lambda i, m, fused, rows: calls.append(("fused layer" if fused else "layer", None, m))
+    model.finish_layer = lambda i, m, fused: None
+    model.x = None
+    timings = GemmTimings(tmp_path / "t.json")
+    times = pick_gemms(model, [1, 2, 16], timings)
+    assert sorted(times) == sorted((name, m) for name in SHAPES for m in (1, 2))
+    assert times[("o", 2)] == (5.0, 4.0, 1) and times[("qkv", 1)] == (5.0, 3.5, 1)    # a mean over 2 layers
+    layer = pick_fused(model, [1, 2, 16], timings)
+    assert layer == {1: (5.0, 4.5), 2: (5.0, 6.5)} and model.fused_sizes == {1}
+    assert model.gemv_shapes == {(1, n, k): 1 for n, k in SHAPES.values()}
+    timings.save()
+    again = fake_model(SHAPES)                               # Untimeable: any timing fails the test
+    assert pick_gemms(again, [1, 2], GemmTimings(tmp_path / "t.json")) == times
+    assert pick_fused(again, [1, 2], GemmTimings(tmp_path / "t.json")) == layer and again.fused_sizes == {1}

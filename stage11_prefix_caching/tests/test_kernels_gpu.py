@@ -473,7 +473,8 @@ def test_gemv_residual_matches_numpy(kernels, rng, column_warps, M, N, K):
 @pytest.mark.parametrize("column_warps", [None, 1, 4, 8])
 @pytest.mark.parametrize("M", [1, 3, 8])
 # head_dim 64 and 128, GQA ratios 1, 3 and 4; hidden widths that are not a block's columns
-@pytest.mark.parametrize("nh, nkv, hd, K", [(4, 4, 64, 264), (3, 1, 128, 2048), (8, 2, 64, 4104)])
+# (and head_dim 10: 5 pairs a head, so blocks straddle heads and the last block is partial)
+@pytest.mark.parametrize("nh, nkv, hd, K", [(4, 4, 64, 264), (3, 1, 128, 2048), (8, 2, 64, 4104), (3, 1, 10, 264)])
 def test_gemv_norm_rope_matches_numpy(kernels, rng, column_warps, M, nh, nkv, hd, K):
     """qkv = rms_norm(x) * g @ Wqkv^T, then rope_kv_write's work: q and k heads rotated at each row's position, v
     as computed, and each row's k and v in its cache slot (none for a slot of -1); poisoned outputs and cache."""
@@ -516,8 +517,8 @@ def test_gemv_fused_refuses_what_it_cannot_do(kernels):
         kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(gpu.empty((8,), "bf16"), 1e-5))
     with pytest.raises(ValueError, match="gemv"):                          # norm and residual: not one kernel
         kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(g, 1e-5), residual=True)
-    cache, ids = gpu.empty((4, 1, 1, 2), "bf16"), gpu.empty((1,), "i32")
-    table = gpu.empty((8, 1), "f32")
+    cache, ids = gpu.empty((4, 1, 1, 4), "bf16"), gpu.empty((1,), "i32")    # right but for the columns
+    table = gpu.empty((8, 2), "f32")
     with pytest.raises(ValueError, match="rope"):                          # 6 columns are not 1 + 2 * 1 heads of 4
         kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(g, 1e-5), rope=(cache, cache, ids, table, table, ids,
                                                                             1, 1, 4))
