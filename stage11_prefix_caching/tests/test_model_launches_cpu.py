@@ -1,0 +1,181 @@
+"""CPU: the model's forward as launches, with a GPU that records instead of running. Every launcher's argument
+checks run for real (kernels.py), so a step whose shapes, dtypes or buffers do not fit a kernel fails here, on
+any machine; what the kernels compute is the GPU tier's. A small decode step takes the fused layer (gemv.cu's
+kinds: five kernels a layer) at the sizes in fused_sizes and the unfused one (norms, cuBLAS, rope_kv_write,
+silu_mul) at the others; a prompt step of more rows than a GEMV takes is never fused."""
+from itertools import count
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from common.device import DTYPES, DeviceArray, _dtype_name
+from common.synthetic import PRESETS
+
+from .. import kernels as kernels_module
+from .. import model as model_module
+from ..packing import StepInputs
+from ..weights import FUSED, GpuWeights
+
+BLOCK_SIZE, MAX_LEN, MAX_SEQS, MAX_ROWS = 16, 256, 8, 64
+
+
+class RecordingGpu:
+    """What Model, Kernels and KVCache ask of a Gpu; launches are recorded (kernel name, grid, arguments), not
+    run."""
+
+    arch, name = "sm_90", "recording"
+
+    def __init__(self):
+        self.device = SimpleNamespace(properties=SimpleNamespace(multiprocessor_count=132))
+        self.stream = SimpleNamespace(record=lambda: SimpleNamespace(sync=lambda: None))
+        self.launches, self._next = [], count(1)
+
+    def empty(self, shape, dtype):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][0]
+        ptr = 256 * next(self._next) << 32                 # far apart, 256-byte aligned
+        return DeviceArray(ptr, tuple(shape), dtype, nbytes)
+
+    def to_device(self, host, dtype=None):
+        return self.empty(host.shape, dtype or _dtype_name(host.dtype))
+
+    def launch(self, kernel, config, *args):
+        self.launches.append((kernel, config.grid, args))
+
+    def fill_bytes(self, arr, byte):
+        pass
+
+    def copy_to_device_async(self, dst, src, nbytes):
+        pass
+
+    def memory(self):
+        return 1 << 40, 1 << 40
+
+
+class RecordingCublas:
+    def __init__(self, gpu):
+        self.gpu = gpu
+
+    def linear(self, x, w, y):
+        assert x.shape[1] == w.shape[1] and y.shape == (x.shape[0], w.shape[0]), (x.shape, w.shape, y.shape)
+        self.gpu.launches.append(("cublas", (x.shape[0], *w.shape), (x.ptr, w.ptr, y.ptr)))
+
+
+class HostStaging:
+    def __init__(self, nbytes):
+        self.array, self.ptr, self.nbytes = np.zeros(nbytes, np.uint8), 0, nbytes
+
+
+def weights(gpu, cfg) -> GpuWeights:
+    """Every tensor of a checkpoint of cfg's shapes, as device arrays; FUSED groups back to back, as loaded."""
+    H, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    rows = {"self_attn.q_proj": cfg.num_attention_heads * hd, "self_attn.k_proj": cfg.num_key_value_heads * hd,
+            "self_attn.v_proj": cfg.num_key_value_heads * hd, "mlp.gate_proj": inter, "mlp.up_proj": inter}
+    tensors = {"model.embed_tokens.weight": gpu.empty((cfg.vocab_size, H), "bf16"),
+               "model.norm.weight": gpu.empty((H,), "bf16")}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for group in FUSED.values():
+            base = gpu.empty((sum(rows[m] for m in group), H), "bf16")
+            at = 0
+            for m in group:
+                tensors[p + m + ".weight"] = base.view(at * H * 2, (rows[m], H))
+                at += rows[m]
+        tensors[p + "self_attn.o_proj.weight"] = gpu.empty((H, cfg.num_attention_heads * hd), "bf16")
+        tensors[p + "mlp.down_proj.weight"] = gpu.empty((H, inter), "bf16")
+        tensors[p + "input_layernorm.weight"] = gpu.empty((H,), "bf16")
+        tensors[p + "post_attention_layernorm.weight"] = gpu.empty((H,), "bf16")
+    return GpuWeights(None, tensors, True, None)
+
+
+@pytest.fixture
+def model(monkeypatch):
+    monkeypatch.setattr(kernels_module, "KernelModule", lambda path, arch: SimpleNamespace(kernel=lambda n: n))
+    monkeypatch.setattr(model_module, "Cublas", RecordingCublas)
+    monkeypatch.setattr(model_module, "PinnedBuffer", HostStaging)
+    gpu, cfg = RecordingGpu(), PRESETS["llama-3.2-1b"]
+    m = model_module.Model(weights(gpu, cfg), cfg, gpu, kernels_module.Kernels(gpu), MAX_SEQS, MAX_LEN, MAX_ROWS,
+                           BLOCK_SIZE)
+    m.allocate_cache(64)
+    return m
+
+
+def decode_step(R: int, pos: int = 200) -> StepInputs:
+    """R sequences in seq_slots 0..R-1, each decoding its token at `pos` (keys enough to split), that position in
+    block r; its table's earlier entries are left as they were."""
+    r = np.arange(R, dtype=np.int32)
+    at = np.full(R, pos, np.int32)
+    updates = np.stack([r * (MAX_LEN // BLOCK_SIZE) + pos // BLOCK_SIZE, r], 1)
+    return StepInputs(r + 100, at, r * BLOCK_SIZE + pos % BLOCK_SIZE, r, r, r, np.zeros(R, np.int32),
+                      np.stack([r, np.ones(R, np.int32), r, at], 1), updates, None)
+
+
+def prompt_step(n: int) -> StepInputs:
+    """One sequence's prompt of n tokens in seq_slot 0, its blocks 0, 1, ..."""
+    pos = np.arange(n, dtype=np.int32)
+    blocks = np.arange(-(-n // BLOCK_SIZE), dtype=np.int32)
+    one = np.zeros(1, np.int32)
+    return StepInputs(pos + 100, pos, pos, np.zeros(n, np.int32), np.array([n - 1], np.int32), one, one,
+                      np.array([[0, n, 0, 0]], np.int32), np.stack([blocks, blocks], 1), None)
+
+
+def layer_kernels(launches, layers: int = 16) -> list[str]:
+    """The first layer's launches: those between the embedding and the last three (the final norm, the gather of
+    the logit rows, the LM head) are the layers', as many each."""
+    names = [k for k, *_ in launches]
+    first = names.index("embedding_gather") + 1
+    every = names[first:-3]
+    assert len(every) % layers == 0, every
+    return every[:len(every) // layers]
+
+
+@pytest.mark.parametrize("R", [1, 2, 5, 8])
+def test_a_fused_decode_step_is_five_kernels_a_layer(model, R):
+    model.fused_sizes = {1, 2, 4, 5, 8}
+    model.forward(decode_step(R))
+    assert layer_kernels(model.gpu.launches) == [f"gemv_norm_rope_m{R}", "attention_tiles_hd64",
+                                                 "attention_combine", f"gemv_residual_m{R}",
+                                                 f"gemv_norm_silu_m{R}", f"gemv_residual_m{R}"]
+    assert [k for k, *_ in model.gpu.launches[-3:]] == ["rms_norm", "embedding_gather", "cublas"]
+
+
+@pytest.mark.parametrize("R", [1, 3, 8])
+def test_a_step_of_a_size_not_fused_takes_the_separate_kernels(model, R):
+    model.fused_sizes = {2, 4}
+    model.forward(decode_step(R))
+    assert layer_kernels(model.gpu.launches) == ["rms_norm", "cublas", "rope_kv_write", "attention_tiles_hd64",
+                                                 "attention_combine", "cublas", "add_rms_norm", "cublas",
+                                                 "silu_mul", "cublas"]
+    assert [k for k, *_ in model.gpu.launches[-3:]] == ["add_rms_norm", "embedding_gather", "cublas"]
+
+
+def test_a_prompt_step_is_never_fused(model):
+    model.fused_sizes = set(range(1, 9))
+    model.forward(prompt_step(40))
+    names = [k for k, *_ in model.gpu.launches]
+    assert not any(str(k).startswith("gemv") for k in names) and names.count("rope_kv_write") == 16
+
+
+def test_the_paired_kinds_grid_covers_every_pair(model):
+    """gemv_norm_rope at 1 row: (nh + 2 nkv) hd / 2 = 1,536 pairs of the 1B, 4 / column_warps pairs a block;
+    gemv_norm_silu: 8,192 pairs (gate and up rows); both clamped to at most 4 warps a column."""
+    model.fused_sizes = {1}
+    model.gemv_shapes = {(1, 3072, 2048): 8, (1, 16384, 2048): 2}
+    model.forward(decode_step(1))
+    grids = {k: g for k, g, _ in model.gpu.launches if str(k).startswith("gemv_norm")}
+    assert grids["gemv_norm_rope_m1"] == (1536, 1, 1)           # 8 warps taken as 4: one pair a block
+    assert grids["gemv_norm_silu_m1"] == (4096, 1, 1)           # 2 warps: 2 pairs a block
+
+
+def test_the_fused_qkv_reads_what_rope_kv_write_reads(model):
+    """The same step unfused, then fused: layer 0's gemv_norm_rope gets the caches, slot mapping, rope tables and
+    positions rope_kv_write got (the same device arrays, in its order), and reads x, the residual stream."""
+    step = decode_step(4)
+    model.fused_sizes = set()
+    model.forward(step)
+    unfused = next(args for k, _, args in model.gpu.launches if k == "rope_kv_write")
+    model.gpu.launches.clear()
+    model.fused_sizes = {4}
+    model.forward(step)
+    fused = next(args for k, _, args in model.gpu.launches if k == "gemv_norm_rope_m4")
+    assert fused[8:14] == unfused[1:7] and fused[1] == model.x.arg
