@@ -179,3 +179,24 @@ def test_the_fused_qkv_reads_what_rope_kv_write_reads(model):
     model.forward(step)
     fused = next(args for k, _, args in model.gpu.launches if k == "gemv_norm_rope_m4")
     assert fused[8:14] == unfused[1:7] and fused[1] == model.x.arg
+
+
+def test_the_picks_and_a_graph_s_body_launch_what_they_time(model, monkeypatch, tmp_path):
+    """pick_gemms and pick_fused on a clock that runs the work once and calls it 1 us (every launcher's checks on
+    padding rows, at every size and warps a column), then what a captured graph of 4 rows holds: the fused
+    layer, at the warps the picks kept, on the graph's own input views."""
+    from .. import graphs
+    from ..gemm_timings import GemmTimings
+
+    monkeypatch.setattr(graphs, "gpu_us", lambda gpu, work, repeats=3: (work(), 1.0)[1])
+    sizes = [1, 2, 4, 8, 16]
+    timings = GemmTimings(tmp_path / "t.json")
+    assert len(graphs.pick_gemms(model, sizes, timings)) == 16
+    assert graphs.pick_fused(model, sizes, timings) == {m: (1.0 / 16, 1.0 / 16) for m in (1, 2, 4, 8)}
+    model.fused_sizes, model.gemv_shapes = {4}, {(4, 3072, 2048): 2}
+    model.gpu.launches.clear()
+    graphs.DecodeGraphs(model, sizes).body(4)
+    names = [k for k, *_ in model.gpu.launches]
+    assert names.count("gemv_norm_rope_m4") == 16 and names[-1] == "sample_tokens"
+    qkv = next(grid for k, grid, _ in model.gpu.launches if k == "gemv_norm_rope_m4")
+    assert qkv == (1536 // 2, 1, 1)                               # 2 warps a column: two pairs a block
