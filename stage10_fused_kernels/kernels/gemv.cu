@@ -102,7 +102,7 @@ __device__ __forceinline__ void rope_store(float a, float b, int m, int p, __nv_
     dst[i + half] = qb;
 }
 
-// acc[m] += the 8 weights in a . x[m, k .. k + 7]. With the norm (NORM, NORM_SILU) the weights are scaled by
+// acc[m] += the 8 weights in a . x[m, k .. k + 7]. With the norm (has_norm kinds) the weights are scaled by
 // g[k .. k + 7] first (once, not once a row), and where `squares` sq[m] += x[m, k .. k + 7]^2.
 template <int M, int KIND>
 __device__ __forceinline__ void accumulate(float acc[M], float sq[M], const Pack& a,
