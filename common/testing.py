@@ -90,6 +90,19 @@ def check_greedy(got: list[int], want: list[int], got_logits: np.ndarray, want_l
     return step
 
 
+def check_reference_greedy(engine, ref, got: list, want: list, label: str) -> None:
+    """Each output of an engine (`got`) against the reference engine's output for the same prompt (`want`): the
+    engine's logits along the reference's tokens (engine.logits) within the design's bound of the reference
+    model's (`ref`, a ReferenceModel), and the greedy rule above; one agreement line printed per output."""
+    for g, w in zip(got, want):
+        full = w.prompt_token_ids + w.token_ids
+        steps = slice(len(w.prompt_token_ids) - 1, len(full) - 1)
+        ref_logits, our_logits = ref.forward(full)[steps], engine.logits(full)[steps]
+        assert rel_l2(our_logits, ref_logits) < 2e-2
+        step = check_greedy(g.token_ids, w.token_ids, our_logits, ref_logits)
+        print(f"{label}: {agreement_line(our_logits, ref_logits, step, len(w.token_ids))}")
+
+
 def agreement_line(got_logits: np.ndarray, want_logits: np.ndarray, step: int | None, n: int,
                    noise: float = 0.0) -> str:
     """The test's printout: equal tokens, decided steps, where the runs parted and how decided that was."""

@@ -10,7 +10,7 @@ import pytest
 from common.checkpoint import Checkpoint
 from common.reference import ReferenceEngine, ReferenceModel
 from common.sampling import SamplingParams
-from common.testing import agreement_line, check_greedy, rel_l2
+from common.testing import check_reference_greedy
 
 pytestmark = pytest.mark.gpu
 
@@ -50,13 +50,7 @@ def test_each_request_equals_the_reference_alone(fixture, request, small_budget)
     assert max(engine.stats.rows) <= 32 and any(len(p) > 32 for p in prompts)   # some prompt went in chunks
     want = ReferenceEngine(str(folder), max_model_len=128).generate(prompts, params)
     ref = ReferenceModel(Checkpoint(folder))
-    for g, w in zip(got, want):
-        full = w.prompt_token_ids + w.token_ids
-        steps = slice(len(w.prompt_token_ids) - 1, len(full) - 1)
-        ref_logits, our_logits = ref.forward(full)[steps], engine.logits(full)[steps]
-        assert rel_l2(our_logits, ref_logits) < 2e-2
-        step = check_greedy(g.token_ids, w.token_ids, our_logits, ref_logits)
-        print(f"{fixture}: {agreement_line(our_logits, ref_logits, step, len(w.token_ids))}")
+    check_reference_greedy(engine, ref, got, want, fixture)
     assert not engine.has_unfinished_requests() and sorted(engine.llm.scheduler._free) == [0, 1, 2, 3]
 
 

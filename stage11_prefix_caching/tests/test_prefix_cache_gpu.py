@@ -8,7 +8,7 @@ import pytest
 from common.checkpoint import Checkpoint
 from common.reference import ReferenceEngine, ReferenceModel
 from common.sampling import SamplingParams
-from common.testing import agreement_line, check_greedy, rel_l2
+from common.testing import check_reference_greedy
 
 pytestmark = pytest.mark.gpu
 
@@ -21,19 +21,6 @@ def shared_prefix(seed, n=6, prefix=150):
     return prompts, params
 
 
-def check_reference_tokens(engine, folder, got, want) -> None:
-    """Each output's greedy tokens are the reference's wherever greedy is decided: logits along the reference's
-    tokens within the design's bound, and any parting explained by them (common/testing.py)."""
-    ref = ReferenceModel(Checkpoint(folder))
-    for g, w in zip(got, want):
-        full = w.prompt_token_ids + w.token_ids
-        steps = slice(len(w.prompt_token_ids) - 1, len(full) - 1)
-        ref_logits, our_logits = ref.forward(full)[steps], engine.logits(full)[steps]
-        assert rel_l2(our_logits, ref_logits) < 2e-2
-        step = check_greedy(g.token_ids, w.token_ids, our_logits, ref_logits)
-        print(f"{folder.name}: {agreement_line(our_logits, ref_logits, step, len(w.token_ids))}")
-
-
 @pytest.mark.parametrize("fixture", ["tiny_dir", "small_dir"])
 def test_requests_that_find_their_prefix_cached_get_the_reference_s_tokens(fixture, request):
     from .. import Engine
@@ -44,8 +31,8 @@ def test_requests_that_find_their_prefix_cached_get_the_reference_s_tokens(fixtu
     engine = Engine(str(folder), max_model_len=320, max_num_seqs=4, max_num_batched_tokens=64)
     got = engine.generate(prompts, params)
     assert engine.prefix_cache_hit_rate() > 0.5
-    check_reference_tokens(engine, folder, got, ReferenceEngine(str(folder), max_model_len=320).generate(prompts,
-                                                                                                         params))
+    want = ReferenceEngine(str(folder), max_model_len=320).generate(prompts, params)
+    check_reference_greedy(engine, ReferenceModel(Checkpoint(folder)), got, want, fixture)
 
 
 def test_a_prompt_found_whole_and_a_pool_that_preempts(tiny_dir):
@@ -61,7 +48,8 @@ def test_a_prompt_found_whole_and_a_pool_that_preempts(tiny_dir):
     hits = roomy.llm.blocks.hit_tokens
     again = roomy.generate(prompts[:1], params[:1])             # every block of it cached: its last runs again
     assert roomy.llm.blocks.hit_tokens - hits >= len(prompts[0]) - 16
-    check_reference_tokens(roomy, tiny_dir, again, want[:1])
+    ref = ReferenceModel(Checkpoint(tiny_dir))
+    check_reference_greedy(roomy, ref, again, want[:1], "a prompt found whole")
     tight = Engine(str(tiny_dir), max_model_len=320, max_num_seqs=4, max_num_batched_tokens=64, num_gpu_blocks=16)
-    check_reference_tokens(tight, tiny_dir, tight.generate(prompts, params), want)
+    check_reference_greedy(tight, ref, tight.generate(prompts, params), want, "a pool that preempts")
     assert tight.stats.preemptions > 0 and tight.llm.blocks.hit_tokens > 0
