@@ -20,7 +20,8 @@ ATTENTION_THREADS = 128  # attention_rows.cu's and attention_tiles.cu's WARPS * 
 ATTENTION_MAX_GROUP = 32  # attention_rows.cu's WARPS * MAX_HEADS_PER_WARP: query heads per K/V head
 TILE_M = 64              # attention_tiles.cu's TILE_M: (query row, query head) pairs a block
 TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take every row through attention_rows.cu
-MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over
+MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over (a lane each in
+#                          split_combine.cuh's merge: at most the warp size)
 MIN_KEYS_PER_SPLIT = 64   # one 64-key tile a split: at batch 1 over 256 keys, 4 splits took 6.5 us a layer
 #                          against 7.7 for 2 and 7.3 for 1 (bench_attention.py's test_decode_split, H200)
 SPLIT_TARGET_BLOCKS_PER_SM = 4
@@ -95,8 +96,7 @@ class Kernels:
         self._checksum, = load("checksum.cu", "checksum_u16")
         self._rms_norm, self._add_rms_norm = load("rmsnorm.cu", "rms_norm", "add_rms_norm")
         self._silu_mul, = load("silu_mul.cu", "silu_mul")
-        self._attention_rows, self._attention_combine = load("attention_rows.cu", "attention_rows",
-                                                             "attention_combine")
+        self._attention_rows, = load("attention_rows.cu", "attention_rows")
         self._attention_tiles = dict(zip(TENSOR_CORE_HEAD_DIMS, load(
             "attention_tiles.cu", *(f"attention_tiles_hd{hd}" for hd in TENSOR_CORE_HEAD_DIMS))))
         self._rope_kv_write, = load("rope_kv_write.cu", "rope_kv_write")
@@ -195,19 +195,20 @@ class Kernels:
                         block_tables.arg, updates.arg, np.int32(n))
 
     def attention(self, qkv: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, out: DeviceArray,
-                  partial: DeviceArray, tiles: DeviceArray, block_tables: DeviceArray, n_heads: int,
-                  n_kv_heads: int, head_dim: int, n_splits: int = 1, keys_per_split: DeviceArray | None = None
-                  ) -> None:
+                  partial: DeviceArray, arrivals: DeviceArray, tiles: DeviceArray, block_tables: DeviceArray,
+                  n_heads: int, n_kv_heads: int, head_dim: int, n_splits: int = 1,
+                  keys_per_split: DeviceArray | None = None) -> None:
         """Causal GQA attention with the online softmax over a paged cache, a tile of consecutive rows a block:
         tiles (n, 4) i32 = first row, rows, seq_slot, first position, from plan_attention() (rows <=
         tile_rows(); one each where head_dim has no tensor-core kernel, or where n_splits > 1; the caller checks
         the values). Position p of seq_slot b is cache slot block_tables[b, p // BS] * BS + p % BS. Each tile's
         keys are split over n_splits blocks of keys_per_split keys, a (1,) i32 on the device read by the kernels
         (decode_split(); a graph captured for the most splits a step may use follows each step's value; blocks
-        past a row's keys return), merged by the combine kernel. qkv (R,
-        stride) bf16 (queries = the first nh heads), caches (num_blocks, BS, nkv, hd) bf16 with BS a power of
-        two, block_tables (B, W) i32 covering every tile's positions, out (R, nh*hd) bf16 (the tiles' rows
-        written), partial f32 scratch of n n_splits nh (hd + 2). hd even, <= 256; nh / nkv <= 32."""
+        past a row's keys return), merged by the last of a row's blocks to finish (split_combine.cuh), through
+        partial, f32 scratch of n n_splits nh (hd + 2), and arrivals, i32 of n nkv that must hold zeros (each
+        launch leaves them so). qkv (R, stride) bf16 (queries = the first nh heads), caches (num_blocks, BS, nkv,
+        hd) bf16 with BS a power of two, block_tables (B, W) i32 covering every tile's positions, out (R, nh*hd)
+        bf16 (the tiles' rows written). hd even, <= 256; nh / nkv <= 32."""
         R, stride = qkv.shape
         num_blocks, block_size = k_cache.shape[:2]
         n = tiles.shape[0]
@@ -222,26 +223,24 @@ class Kernels:
                 and head_dim % 2 == 0 and head_dim <= 256 and 1 <= n_splits <= MAX_SPLITS
                 and (n_splits == 1 or isinstance(keys_per_split, DeviceArray) and keys_per_split.dtype == "i32"
                      and keys_per_split.shape == (1,) and partial.dtype == "f32"
-                     and partial.size >= n * n_splits * n_heads * (head_dim + 2)),
-                qkv, k_cache, v_cache, out, partial, tiles, block_tables)
+                     and partial.size >= n * n_splits * n_heads * (head_dim + 2)
+                     and arrivals.dtype == "i32" and arrivals.size >= n * n_kv_heads),
+                qkv, k_cache, v_cache, out, partial, arrivals, tiles, block_tables)
         split_keys = keys_per_split.arg if n_splits > 1 else np.uint64(0)    # null: no split
+        scratch = (partial.arg, arrivals.arg, tiles.arg)
         paged = (block_tables.arg, np.int32(block_tables.shape[1]), np.int32(block_size.bit_length() - 1))
         common = (n_heads, n_kv_heads)
         if head_dim in TENSOR_CORE_HEAD_DIMS:
             self.gpu.launch(self._attention_tiles[head_dim],
                             self._config("attention_tiles", (n, n_kv_heads, n_splits), ATTENTION_THREADS),
-                            qkv.arg, k_cache.arg, v_cache.arg, out.arg, partial.arg, tiles.arg, *paged,
+                            qkv.arg, k_cache.arg, v_cache.arg, out.arg, *scratch, *paged,
                             *map(np.int32, (*common, stride)), split_keys)
         else:
             shmem = 4 * 32 * (head_dim // 2 + 1) + 2 * 32 * head_dim + 2 * group * head_dim   # K, V, the queries
             self.gpu.launch(self._attention_rows,
                             self._config("attention_rows", (n, n_kv_heads, n_splits), ATTENTION_THREADS, shmem),
-                            qkv.arg, k_cache.arg, v_cache.arg, out.arg, partial.arg, tiles.arg, *paged,
+                            qkv.arg, k_cache.arg, v_cache.arg, out.arg, *scratch, *paged,
                             *map(np.int32, (*common, head_dim, stride)), split_keys)
-        if n_splits > 1:
-            self.gpu.launch(self._attention_combine, self._config("attention_combine", (n, n_heads), 64),
-                            partial.arg, out.arg, tiles.arg, *map(np.int32, (n_heads, head_dim, n_splits)),
-                            split_keys)
 
     def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, column_warps: int | None = None,
              norm: tuple[DeviceArray, float] | None = None, silu: bool = False, residual: bool = False,

@@ -4,7 +4,7 @@ sequence's blocks at shuffled places of the pool, block sizes 8, 16 (the default
     pytest <this stage>/bench_attention.py --benchmark-only -m gpu
 
   decode   B = 1 and 64 rows, each over 128, 1024 and 4096 cached positions: the kernel's GPU time per layer
-           (the tensor-core kernel on one-row tiles, and the combine where decode_split() splits), against the
+           (the tensor-core kernel on one-row tiles, its splits merged inside where decode_split() splits), against the
            time to read that K/V once at the measured copy bandwidth, the kernel's floor
   split    B = 1 over 256 and 1024 cached positions, the keys cut into 1, 2, 4, 8 and 16 splits whatever
            decode_split() would pick: where a batch-1 step's attention is fastest
@@ -92,12 +92,13 @@ def test_decode_split(benchmark, kernels, keys, n_splits):
 
 
 def decode_timed(benchmark, kernels, qkv, cache, out, tiles, B, keys, n_splits, per_split):
-    """Time the decode rows' attention (and combine) at the given split; the figures into extra_info."""
+    """Time the decode rows' attention at the given split; the figures into extra_info."""
     gpu, (k_cache, v_cache, tables) = kernels.gpu, cache
     partial = gpu.empty((B * n_splits * NH * (HD + 2),), "f32")
+    arrivals = gpu.to_device(np.zeros(B * NKV, np.int32))           # where the splits meet: zero between launches
     split_keys = gpu.to_device(np.array([per_split], np.int32))     # the kernels read it from the device
-    ms = timed(benchmark, gpu, lambda: kernels.attention(qkv, k_cache, v_cache, out, partial, tiles, tables, NH,
-                                                         NKV, HD, n_splits, split_keys))
+    ms = timed(benchmark, gpu, lambda: kernels.attention(qkv, k_cache, v_cache, out, partial, arrivals, tiles,
+                                                         tables, NH, NKV, HD, n_splits, split_keys))
     kv_bytes = 2 * B * keys * NKV * HD * 2
     floor_ms = kv_bytes / (gpu.copy_bandwidth_gbps() * 1e9) * 1e3
     benchmark.extra_info.update(batch_size=B, cached_positions=keys, n_splits=n_splits,
@@ -114,9 +115,9 @@ def test_prefill_attention(benchmark, kernels, length, block_size):
     k_cache, v_cache, tables = paged(gpu, rng, 1, length, block_size)
     out = gpu.empty((length, NH * HD), "bf16")
     prompt, _ = plan_attention(np.array([[0, length, 0, 0]], np.int32), tile_rows(NH, NKV, HD))
-    tiles, partial = gpu.to_device(prompt), gpu.empty((1,), "f32")
-    ms = timed(benchmark, gpu, lambda: kernels.attention(qkv, k_cache, v_cache, out, partial, tiles, tables, NH, NKV,
-                                                         HD))
+    tiles, partial, arrivals = gpu.to_device(prompt), gpu.empty((1,), "f32"), gpu.empty((1,), "i32")
+    ms = timed(benchmark, gpu, lambda: kernels.attention(qkv, k_cache, v_cache, out, partial, arrivals, tiles, tables,
+                                                         NH, NKV, HD))
     flops = 4 * HD * NH * length * (length + 1) / 2
     benchmark.extra_info.update(block_size=block_size, prompt_tokens=length, ms_per_layer=round(ms, 3),
                                 tflop_per_s=round(flops / ms / 1e9, 1))

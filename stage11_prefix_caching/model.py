@@ -13,7 +13,8 @@ in it: what batching buys.
                                                                        one kernel (rope_kv_write.cu)
         a = causal_gqa_attention(q, K, V through the row's block table, keys 0..position)  (R, nh hd)  online
                  softmax, no score matrix, on tensor cores: prompt chunks a tile of rows a block, decode rows
-                 a block each with their keys split over blocks (flash-decoding); K/V read block by block
+                 a block each with their keys split over blocks (flash-decoding), the last to finish merging
+                 them; K/V read block by block
         d = a @ Wo^T;            x += d;  h = rms_norm(x) * w_post       (one fused kernel)
         g, u = h @ Wgate_up^T   (R, 2 I)                                 one GEMM: gate/up adjacent
         d = (silu(g) * u) @ Wdown^T
@@ -21,7 +22,7 @@ in it: what batching buys.
 
 The GEMMs are cuBLAS's. A step of a few rows (a small decode batch, of a size in fused_sizes: where the engine
 timed it faster) streams each layer's weights through gemv.cu instead, with what stands around each GEMM fused
-into it: five kernels a layer instead of nine (the attention's split combine aside):
+into it: five kernels a layer instead of nine:
 
     qkv = (rms_norm(x) * w_in) @ Wqkv^T, rope, K/V  the norm, rope and cache write in the GEMV (gemv_norm_rope)
     attention                                       as above
@@ -92,6 +93,8 @@ class Model:
         self.tile_rows = tile_rows(nh, nkv, hd)             # 0: this head_dim takes every row alone
         self.partial_rows = PARTIAL_ROWS_PER_SEQ * B        # flash-decoding's (decode tile, split) pairs, at most
         self.partial = gpu.empty((self.partial_rows * nh * (hd + 2),), "f32")
+        self.arrivals = gpu.empty((self.partial_rows * nkv,), "i32")   # a split row's blocks done, per K/V head:
+        gpu.fill_bytes(self.arrivals, 0)                    # zero between launches (split_combine.cuh)
         self.x = gpu.empty((R, H), "bf16")                  # residual stream
         self.h = gpu.empty((R, H), "bf16")                  # normed input of the next GEMM
         self.qkv = gpu.empty((R, self.qkv_width), "bf16")
@@ -245,11 +248,11 @@ class Model:
             self.project_qkv(i, R, fused, (positions, slot_mapping))
             k_cache, v_cache = self.cache.layer(i)
             if prompt_tiles is not None:
-                k.attention(qkv, k_cache, v_cache, attn, self.partial, prompt_tiles, self.block_tables, nh, nkv,
-                            hd)
+                k.attention(qkv, k_cache, v_cache, attn, self.partial, self.arrivals, prompt_tiles,
+                            self.block_tables, nh, nkv, hd)
             if decode_tiles is not None:
-                k.attention(qkv, k_cache, v_cache, attn, self.partial, decode_tiles, self.block_tables, nh, nkv,
-                            hd, *split)
+                k.attention(qkv, k_cache, v_cache, attn, self.partial, self.arrivals, decode_tiles,
+                            self.block_tables, nh, nkv, hd, *split)
             self.finish_layer(i, R, fused)
         if fused:                                     # every residual add is done
             k.rms_norm(x, self.weights["model.norm.weight"], h, eps)

@@ -1,7 +1,7 @@
 // attention_rows.cu: causal self-attention with grouped-query heads one row at a time, with the online softmax and
 // flash-decoding's split of the keys over several blocks; for the head_dims that attention_tiles.cu's tensor-core
 // kernel has no instantiation for (any even head_dim up to 256). No score is ever stored outside registers and
-// shared memory. attention_combine, at the end, merges the splits of either kernel.
+// shared memory.
 //
 //   for row r, of the sequence in seq_slot b, at position P, and query head h of
 //   key/value head g (the G = nh / nkv query heads h = g G .. g G + G - 1 share K[b, :, g] and V[b, :, g]):
@@ -21,8 +21,9 @@
 //
 // Flash-decoding (Dao et al. 2023): one decode row has too few queries to fill a GPU, so its keys are cut into
 // n_splits ranges of keys_per_split; block z runs the recurrence over its range only and leaves (m_z, l_z, o_z).
-// The same algebra merges them exactly (attention_combine): with M = max_z m_z,
-//     o_h = sum_z exp(m_z - M) o_z  /  sum_z exp(m_z - M) l_z.
+// The same algebra merges them exactly: with M = max_z m_z,
+//     o_h = sum_z exp(m_z - M) o_z  /  sum_z exp(m_z - M) l_z,
+// done by the last of the row's blocks to finish (split_combine.cuh, shared with attention_tiles.cu).
 // n_splits = 1 skips the partials: the block writes o / l itself.
 // keys_per_split is read from device memory (split_keys), not passed by value: a CUDA graph replays each kernel
 // with the arguments it was captured with, and the split a decode step wants depends on its longest row, which
@@ -41,12 +42,14 @@
 //   block_tables[b][p / BS] * BS + p % BS (BS = 1 << block_shift; block_tables (B, table_width) i32), positions
 //   0..P of each row's sequence written (rope_kv_write ran first);
 //   tiles (n_tiles, 4) i32: row r, 1 row, seq_slot b, position P; out (R, nh * hd) bf16 (the tiles' rows written);
-//   partial (n_tiles, n_splits, nh, hd + 2) f32: o_z, then m_z, l_z (unused when n_splits = 1).
+//   partial (n_tiles, n_splits, nh, hd + 2) f32: o_z, then m_z, l_z, and arrivals (n_tiles, nkv) i32, zero
+//   between launches: where the splits meet (unused when n_splits = 1).
 //   hd even, at most 256 (lane i's elements past hd are skipped); G at most WARPS * MAX_HEADS_PER_WARP.
 //   Dynamic shared memory: 32 (hd/2 + 1) bf16 pairs (K), 32 hd bf16 (V), G hd bf16 (the group's queries).
 // The causal mask is the loop bound (keys past P are never loaded); within the last tile, keys past P get p = 0.
 #include <cuda_bf16.h>
 #include "pdl.cuh"
+#include "split_combine.cuh"
 
 #define KEYS_PER_TILE 32          // = the warp size: lane j scores key j of the tile
 #define WARPS 4
@@ -58,9 +61,9 @@
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 attention_rows(const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ k_cache,
                const __nv_bfloat16* __restrict__ v_cache, __nv_bfloat16* __restrict__ out,
-               float* __restrict__ partial, const int* __restrict__ tiles, const int* __restrict__ block_tables,
-               int table_width, int block_shift, int n_heads, int n_kv_heads, int head_dim, int row_stride,
-               const int* __restrict__ split_keys) {
+               float* __restrict__ partial, int* __restrict__ arrivals, const int* __restrict__ tiles,
+               const int* __restrict__ block_tables, int table_width, int block_shift, int n_heads, int n_kv_heads,
+               int head_dim, int row_stride, const int* __restrict__ split_keys) {
     begin_after_previous();
     const int keys_per_split = split_keys ? *split_keys : 1 << 30;
     const int* tile = tiles + 4 * blockIdx.x;
@@ -174,32 +177,5 @@ attention_rows(const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __res
             }
         }
     }
-}
-
-// attention_combine: the splits of each one-row tile merged, out = sum_z exp(m_z - M) o_z / sum_z exp(m_z - M) l_z.
-// grid (n_tiles, nh), block 64: thread t writes elements t, t + 64, ... of tile i's row, head h. Only the splits
-// that hold keys of the row are read (z keys_per_split <= P): the others were never written.
-extern "C" __global__ void __launch_bounds__(64)
-attention_combine(const float* __restrict__ partial, __nv_bfloat16* __restrict__ out, const int* __restrict__ tiles,
-                  int n_heads, int head_dim, int n_splits, const int* __restrict__ split_keys) {
-    begin_after_previous();
-    const int i = blockIdx.x, h = blockIdx.y, r = tiles[4 * i];
-    const int used = tiles[4 * i + 3] / *split_keys + 1;
-    const long long split_stride = static_cast<long long>(n_heads) * (head_dim + 2);
-    const float* base = partial + (static_cast<long long>(i) * n_splits * n_heads + h) * (head_dim + 2);
-    float big = NEG_INF;
-    for (int z = 0; z < used; ++z) big = fmaxf(big, base[z * split_stride + head_dim]);
-    float total = 0.0f;
-    for (int z = 0; z < used; ++z) {
-        total += __expf(base[z * split_stride + head_dim] - big) * base[z * split_stride + head_dim + 1];
-    }
-    const float inv = 1.0f / total;
-    __nv_bfloat16* dst = out + static_cast<long long>(r) * n_heads * head_dim + h * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int z = 0; z < used; ++z) {
-            acc += __expf(base[z * split_stride + head_dim] - big) * base[z * split_stride + d];
-        }
-        dst[d] = __float2bfloat16(acc * inv);
-    }
+    if (!whole) merge_if_last(partial, arrivals, out, tiles, split_keys, n_heads, n_kv_heads, head_dim);
 }

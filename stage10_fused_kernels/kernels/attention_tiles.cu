@@ -14,7 +14,8 @@
 //
 // A decode row is a tile of one row: G of the 64 M-rows hold queries, and the warps that hold none only load.
 // Its keys are split over gridDim.z blocks as in attention_rows.cu (flash-decoding), each leaving (m, l, O) in
-// `partial` for attention_combine; a prompt chunk's tiles run unsplit (gridDim.z = 1) and write out themselves.
+// `partial`, merged by the last of them to finish (split_combine.cuh); a prompt chunk's tiles run unsplit
+// (gridDim.z = 1) and write out themselves.
 // keys_per_split comes from device memory (split_keys; null: unsplit), so a captured graph follows each step's
 // split (attention_rows.cu says why).
 //
@@ -51,10 +52,11 @@
 // one-row tiles only).
 //   qkv (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); K, V (num_blocks, BS, nkv, HD) bf16;
 //   block_tables (B, table_width) i32: the blocks of seq_slot b's positions 0, BS, 2 BS, .. in order;
-//   out (R, nh HD) bf16, the tiles' rows written (n_splits = 1); partial (n_tiles, n_splits, nh, HD + 2) f32 as in
-//   attention_rows.cu (n_splits > 1). HD = 64 or 128 (the instantiations below); G <= 64.
+//   out (R, nh HD) bf16, the tiles' rows written; partial (n_tiles, n_splits, nh, HD + 2) f32 and arrivals
+//   (n_tiles, nkv) i32 as in attention_rows.cu (n_splits > 1). HD = 64 or 128 (the instantiations below); G <= 64.
 #include <cuda_bf16.h>
 #include "pdl.cuh"
+#include "split_combine.cuh"
 
 #define TILE_M 64                 // M-rows of a block: 16 per warp
 #define TILE_N 64                 // keys of a K/V tile
@@ -95,8 +97,9 @@ template <int HD>
 __device__ __forceinline__ void attention_tile(
         const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ k_cache,
         const __nv_bfloat16* __restrict__ v_cache, __nv_bfloat16* __restrict__ out, float* __restrict__ partial,
-        const int* __restrict__ tiles, const int* __restrict__ block_tables, int table_width, int block_shift,
-        int n_heads, int n_kv_heads, int row_stride, const int* __restrict__ split_keys) {
+        int* __restrict__ arrivals, const int* __restrict__ tiles, const int* __restrict__ block_tables,
+        int table_width, int block_shift, int n_heads, int n_kv_heads, int row_stride,
+        const int* __restrict__ split_keys) {
     const int keys_per_split = split_keys ? *split_keys : 1 << 30;
     constexpr int STRIDE = HD + PAD, KSTEPS = HD / 16, DBLOCKS = HD / 8, NBLOCKS = TILE_N / 8;
     constexpr int STAGES = HD == 64 ? 2 : 1;
@@ -255,17 +258,22 @@ __device__ __forceinline__ void attention_tile(
                 __floats2bfloat162_rn(o[db][2 * i] * inv, o[db][2 * i + 1] * inv);
         }
     }
+    if (!whole) merge_if_last(partial, arrivals, out, tiles, split_keys, n_heads, n_kv_heads, HD);
 }
 
+// the blocks an SM must hold, as registers allow (65,536 a SM): four at head_dim 64 (128 a thread), three at 128
+// (168), so the split merge at the end (split_combine.cuh) cannot push the compiler past them
+#define MIN_BLOCKS(HD) ((HD) == 64 ? 4 : 3)
 #define INSTANTIATE(HD)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) attention_tiles_hd##HD(                               \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS(HD)) attention_tiles_hd##HD(                \
             const __nv_bfloat16* __restrict__ qkv, const __nv_bfloat16* __restrict__ k_cache,                      \
             const __nv_bfloat16* __restrict__ v_cache, __nv_bfloat16* __restrict__ out, float* __restrict__ partial,\
-            const int* __restrict__ tiles, const int* __restrict__ block_tables, int table_width, int block_shift,  \
-            int n_heads, int n_kv_heads, int row_stride, const int* __restrict__ split_keys) {                     \
+            int* __restrict__ arrivals, const int* __restrict__ tiles, const int* __restrict__ block_tables,        \
+            int table_width, int block_shift, int n_heads, int n_kv_heads, int row_stride,                         \
+            const int* __restrict__ split_keys) {                                                                  \
         begin_after_previous();                                                                                    \
-        attention_tile<HD>(qkv, k_cache, v_cache, out, partial, tiles, block_tables, table_width, block_shift,    \
-                           n_heads, n_kv_heads, row_stride, split_keys);                                           \
+        attention_tile<HD>(qkv, k_cache, v_cache, out, partial, arrivals, tiles, block_tables, table_width,       \
+                           block_shift, n_heads, n_kv_heads, row_stride, split_keys);                              \
     }
 INSTANTIATE(64)
 INSTANTIATE(128)

@@ -150,14 +150,16 @@ def attend(kernels, qkv, pool, out, spans, nh, nkv, hd, tile_rows=None, split=No
     tile_rows = rows_a_tile(nh, nkv, hd) if tile_rows is None else tile_rows
     prompt, decode = plan_attention(np.asarray(spans, np.int32).reshape(-1, 4), tile_rows)
     if len(prompt):
-        kernels.attention(qkv, pool.k, pool.v, out, gpu.empty((1,), "f32"), gpu.to_device(prompt), pool.tables,
-                          nh, nkv, hd)
+        kernels.attention(qkv, pool.k, pool.v, out, gpu.empty((1,), "f32"), gpu.empty((1,), "i32"),
+                          gpu.to_device(prompt), pool.tables, nh, nkv, hd)
     if len(decode):
         split = split or decode_split(len(decode), int(decode[:, 3].max()) + 1, nkv, kernels.sms, 4 * len(decode))
         partial = poisoned(gpu, (len(decode) * split[0] * nh * (hd + 2),), "f32")
+        arrivals = gpu.to_device(np.zeros(len(decode) * nkv, np.int32))
         n_splits, per_split = split                   # keys_per_split is read from the device
-        kernels.attention(qkv, pool.k, pool.v, out, partial, gpu.to_device(decode), pool.tables, nh, nkv, hd,
-                          n_splits, gpu.to_device(np.array([per_split], np.int32)))
+        kernels.attention(qkv, pool.k, pool.v, out, partial, arrivals, gpu.to_device(decode), pool.tables, nh,
+                          nkv, hd, n_splits, gpu.to_device(np.array([per_split], np.int32)))
+        assert not read(gpu, arrivals).any(), "the split merge left its counts for the next launch nonzero"
     return prompt, decode, split
 
 
@@ -573,27 +575,31 @@ def test_launchers_reject_bad_shapes(kernels):
                              gpu.empty((3, 64), "bf16"), 1e-5)
     cache, tables = gpu.empty((2, 4, 1, 8), "bf16"), gpu.empty((3, 2), "i32")
     tiles, partial = gpu.empty((3, 4), "i32"), gpu.empty((3 * 2 * 2 * 10,), "f32")
+    arrivals = gpu.empty((3,), "i32")
     with pytest.raises(ValueError, match="attention"):                        # tiles of 3 numbers
-        kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((3, 16), "bf16"), partial,
+        kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((3, 16), "bf16"), partial, arrivals,
                           gpu.empty((3, 3), "i32"), tables, 2, 1, 8)
     per_split = gpu.to_device(np.array([2], np.int32))
     with pytest.raises(ValueError, match="attention"):                        # partials for 2 of 3 splits
-        kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((3, 16), "bf16"), partial, tiles,
-                          tables, 2, 1, 8, 3, per_split)
+        kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((3, 16), "bf16"), partial, arrivals,
+                          tiles, tables, 2, 1, 8, 3, per_split)
+    with pytest.raises(ValueError, match="attention"):                        # counts for 2 of 3 tiles
+        kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((3, 16), "bf16"), partial,
+                          gpu.empty((2,), "i32"), tiles, tables, 2, 1, 8, 2, per_split)
     with pytest.raises(ValueError, match="attention"):                        # keys_per_split not on the device
-        kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((3, 16), "bf16"), partial, tiles,
-                          tables, 2, 1, 8, 2, 2)
+        kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((3, 16), "bf16"), partial, arrivals,
+                          tiles, tables, 2, 1, 8, 2, 2)
     wide = gpu.empty((2, 4, 1, 258), "bf16")                                   # head_dim 258 > 256
     with pytest.raises(ValueError, match="attention"):
-        kernels.attention(gpu.empty((3, 774), "bf16"), wide, wide, gpu.empty((3, 258), "bf16"), partial, tiles,
-                          tables, 1, 1, 258)
+        kernels.attention(gpu.empty((3, 774), "bf16"), wide, wide, gpu.empty((3, 258), "bf16"), partial, arrivals,
+                          tiles, tables, 1, 1, 258)
     with pytest.raises(ValueError, match="attention"):                        # 33 query heads per K/V head
         kernels.attention(gpu.empty((3, 35 * 8), "bf16"), cache, cache, gpu.empty((3, 33 * 8), "bf16"), partial,
-                          tiles, tables, 33, 1, 8)
+                          arrivals, tiles, tables, 33, 1, 8)
     with pytest.raises(ValueError, match="attention"):                        # 33 splits > MAX_SPLITS
         kernels.attention(gpu.empty((3, 32), "bf16"), cache, cache, gpu.empty((3, 16), "bf16"),
-                          gpu.empty((3 * 33 * 2 * 10,), "f32"), tiles, tables, 2, 1, 8, 33, per_split)
+                          gpu.empty((3 * 33 * 2 * 10,), "f32"), arrivals, tiles, tables, 2, 1, 8, 33, per_split)
     odd = gpu.empty((2, 3, 1, 8), "bf16")                                     # a block of 3 positions
     with pytest.raises(ValueError, match="attention"):
-        kernels.attention(gpu.empty((3, 32), "bf16"), odd, odd, gpu.empty((3, 16), "bf16"), partial, tiles,
-                          tables, 2, 1, 8)
+        kernels.attention(gpu.empty((3, 32), "bf16"), odd, odd, gpu.empty((3, 16), "bf16"), partial, arrivals,
+                          tiles, tables, 2, 1, 8)

@@ -134,7 +134,7 @@ def test_a_fused_decode_step_is_five_kernels_a_layer(model, R):
     model.fused_sizes = {1, 2, 4, 5, 8}
     model.forward(decode_step(R))
     assert layer_kernels(model.gpu.launches) == [f"gemv_norm_rope_m{R}", "attention_tiles_hd64",
-                                                 "attention_combine", f"gemv_residual_m{R}",
+                                                 f"gemv_residual_m{R}",
                                                  f"gemv_norm_silu_m{R}", f"gemv_residual_m{R}"]
     assert [k for k, *_ in model.gpu.launches[-3:]] == ["rms_norm", "embedding_gather", "cublas"]
 
@@ -144,7 +144,7 @@ def test_a_step_of_a_size_not_fused_takes_the_separate_kernels(model, R):
     model.fused_sizes = {2, 4}
     model.forward(decode_step(R))
     assert layer_kernels(model.gpu.launches) == ["rms_norm", "cublas", "rope_kv_write", "attention_tiles_hd64",
-                                                 "attention_combine", "cublas", "add_rms_norm", "cublas",
+                                                 "cublas", "add_rms_norm", "cublas",
                                                  "silu_mul", "cublas"]
     assert [k for k, *_ in model.gpu.launches[-3:]] == ["add_rms_norm", "embedding_gather", "cublas"]
 
