@@ -100,6 +100,10 @@ class Engine:
             print(f"gemv       fused layers (norms, SwiGLU, residual adds in gemv.cu) where faster than cuBLAS and "
                   f"the kernels between, for {len(fused)} of {len(g.fused_us)} sizes: {', '.join(fused) or 'none'}",
                   file=sys.stderr)
+            head = [f"M={m} ({apart:.1f} -> {one:.1f} us)" for m, (apart, one) in g.head_us.items()
+                    if m in self.model.head_sizes]
+            print(f"gemv       the final norm, LM head and greedy argmax in one GEMV where faster than apart, for "
+                  f"{len(head)} of {len(g.head_us)} fused sizes: {', '.join(head) or 'none'}", file=sys.stderr)
         self.llm = LLMEngine(GpuRunner(self.model, self.graphs), self.prompts, B, tokens,
                              BlockManager(num_blocks, bs), async_scheduling)
 

@@ -20,7 +20,8 @@ grids and their arguments (pointers and scalars) are the captured ones. So:
 A small step may stream each layer GEMM through gemv.cu with its neighbours fused in (model.py). Before capture,
 at each captured size up to 8 rows, each fused GEMM is timed with 1, 2, 4 and 8 warps a column, and cuBLAS alone
 beside it (pick_gemms); then every layer's GEMMs with the kernels between them, fused at those warps against
-unfused (cuBLAS, the norms, silu_mul), and a size takes the faster (pick_fused). Each is timed from a graph of all
+unfused (cuBLAS, the norms, silu_mul), and a size takes the faster (pick_fused); then, at each fused size, the
+step's end (the final norm, the LM head, the greedy sampler) apart against in one GEMV (pick_head). Each is timed from a graph of all
 the layers (so the weights come from HBM, not L2, and no launch gap is timed), once per machine: the times are
 kept on disk (gemm_timings.py), so every later engine takes the same kernels and gives the same bits.
 
@@ -122,6 +123,31 @@ def pick_fused(model, sizes: list[int], timings: GemmTimings) -> dict[int, tuple
     return times
 
 
+def pick_head(model, timings: GemmTimings) -> dict[int, tuple[float, float]]:
+    """For each size in model.fused_sizes (after pick_fused): the GPU time of a step's end over that many greedy
+    rows, from the residual stream to the sampled ids, as separate kernels (the final norm, the row gather,
+    cuBLAS's LM head, the sampler reading the logits) and as one GEMV (gemv_norm_head: the norm, the LM head and
+    the argmax; the row gather before it, the sampler copying its ids after), or as `timings` kept it.
+    model.head_sizes gets the sizes where the one GEMV took less. Returns M -> (separate us, one GEMV us)."""
+    times = {}
+    V, H = model.weights.lm_head.shape
+    for m in sorted(model.fused_sizes):
+        if (kept := timings.get("head", (m, V, H))) is None:
+            padding_rows(model, m)
+            rows, zeros = (model.gpu.to_device(np.arange(m, dtype=np.int32) * k) for k in (1, 0))
+            model.gpu.fill_bytes(model.sampling, 0)     # every seq_slot greedy: none is admitted before capture
+
+            def tail(one_gemv: bool) -> None:
+                model.head_sizes = {m} if one_gemv else set()
+                model.final_logits(m, m, rows, fused=True)
+                model.queue_sample_rows(m, zeros, zeros)
+            kept = [gpu_us(model.gpu, lambda one_gemv=one_gemv: tail(one_gemv)) for one_gemv in (False, True)]
+            timings.put("head", (m, V, H), kept)
+        times[m] = tuple(kept)
+    model.head_sizes = {m for m, (apart, one) in times.items() if one < apart}
+    return times
+
+
 def padding_rows(model, m: int) -> tuple:
     """Zeros in the first m rows of every buffer a timed GEMM reads (no NaN or Inf in the timing: x's norm is 0),
     and the (positions, slot_mapping) of m padding rows: position 0, no cache slot (nothing written)."""
@@ -197,6 +223,7 @@ class DecodeGraphs:
         self.gemm_us: dict[tuple[str, int], tuple[float, float, int]] = {}   # (name, M) -> cuBLAS us, gemv us,
         #                                                                       column_warps (pick_gemms)
         self.fused_us: dict[int, tuple[float, float]] = {}   # M -> a layer's unfused us, fused us (pick_fused)
+        self.head_us: dict[int, tuple[float, float]] = {}    # M -> a step's end apart, in one GEMV (pick_head)
 
     # ------------------------------------------------------------------ at start
     def _views(self, size: int):
@@ -223,6 +250,7 @@ class DecodeGraphs:
         timings = GemmTimings.for_model(self.model, GEMV_COLUMN_WARPS, GEMV_PAIRED_MAX_WARPS)
         self.gemm_us = pick_gemms(self.model, self.sizes, timings)
         self.fused_us = pick_fused(self.model, self.sizes, timings)
+        self.head_us = pick_head(self.model, timings)
         self.timed_now, self.timings_file = len(timings.new), timings.path
         timings.save()
         free0, _ = self.gpu.memory()

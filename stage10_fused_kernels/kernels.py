@@ -31,7 +31,8 @@ GEMV_KEYS_PER_WARP = 2048   # a column's row of K weights gets a warp per 2048 o
 #                             unless the caller picks the warps a column (graphs.pick_gemms times each)
 GEMV_COLUMN_WARPS = (1, 2, 4, 8)   # warps a column: they share a block's 8 warps
 GEMV_PAIRED_MAX_WARPS = 4   # gemv_norm_silu's and gemv_norm_rope's: a block holds both columns of a pair
-GEMV_KINDS = ("gemv", "gemv_norm", "gemv_norm_silu", "gemv_norm_rope", "gemv_residual")   # gemv.cu's, M = 1..8
+GEMV_KINDS = ("gemv", "gemv_norm", "gemv_norm_silu", "gemv_norm_rope", "gemv_residual",
+              "gemv_norm_head")                                         # gemv.cu's, M = 1..8
 
 
 def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
@@ -244,12 +245,14 @@ class Kernels:
 
     def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, column_warps: int | None = None,
              norm: tuple[DeviceArray, float] | None = None, silu: bool = False, residual: bool = False,
-             rope: tuple | None = None) -> None:
+             rope: tuple | None = None, head: tuple[DeviceArray, DeviceArray, DeviceArray] | None = None) -> None:
         """y = x @ w^T for a few rows, streaming the weights (gemv.cu), with the kernels beside it fused in:
           norm = (g, eps):  y = rms_norm(x) * g @ w^T        (x the residual stream, g (K,) bf16)
           silu (with norm): y = silu(a[:, :I]) * a[:, I:], a = the above over w = [gate | up] (2I, K); y (M, I)
           rope (with norm): y = qkv rows, then rope_kv_write()'s work on them: rope = (k_cache, v_cache,
                             slot_mapping, cos, sin, positions, n_heads, n_kv_heads, head_dim), as there
+          head (with norm): y (M, N) f32, the LM head's logits, and ids[m] = argmax_n y[m, n] (the first on ties):
+                            head = (best (>= M,) u64, ticket (1,) i32, both zero between launches, ids (>= M,) i32)
           residual:         y += x @ w^T                     (y the residual stream, d rounded to bf16 first)
         x (M, K) bf16 with M <= GEMV_MAX_ROWS, w (N, K) bf16, y (M, N) bf16; K a multiple of 8 and x, w, g 16-byte
         aligned (its loads are 16 bytes). column_warps: the warps each output column's row of weights is shared
@@ -257,11 +260,13 @@ class Kernels:
         GEMV_KEYS_PER_WARP weights."""
         (M, K), (N, K_w) = x.shape, w.shape
         g, eps = norm or (None, 0.0)
-        _expect("gemv", x.dtype == w.dtype == y.dtype == "bf16" and K == K_w and 1 <= M <= GEMV_MAX_ROWS
-                and y.shape == ((M, N // 2) if silu else (M, N)) and K % 8 == 0 and x.ptr % 16 == 0
-                and w.ptr % 16 == 0 and column_warps in (None, *GEMV_COLUMN_WARPS)
-                and (norm is not None or not (silu or rope)) and not (residual and norm is not None)
-                and not (silu and rope) and (g is None or (g.dtype == "bf16" and g.shape == (K,) and g.ptr % 16 == 0))
+        with_norm = silu or rope is not None or head is not None             # the kinds that need the norm
+        _expect("gemv", x.dtype == w.dtype == "bf16" and y.dtype == ("f32" if head is not None else "bf16") and K == K_w
+                and 1 <= M <= GEMV_MAX_ROWS and y.shape == ((M, N // 2) if silu else (M, N)) and K % 8 == 0
+                and x.ptr % 16 == 0 and w.ptr % 16 == 0 and column_warps in (None, *GEMV_COLUMN_WARPS)
+                and (silu, rope is not None, head is not None, residual).count(True) <= 1
+                and (norm is not None or not with_norm) and not (residual and norm is not None)
+                and (g is None or (g.dtype == "bf16" and g.shape == (K,) and g.ptr % 16 == 0))
                 and (not silu or N % 2 == 0), x, w, y)
         if column_warps is None:
             column_warps = 1
@@ -279,29 +284,38 @@ class Kernels:
                     k_cache, v_cache, slot_mapping, cos, sin, positions)
             extra = (k_cache.arg, v_cache.arg, slot_mapping.arg, cos.arg, sin.arg, positions.arg,
                      *map(np.int32, (n_heads, n_kv_heads, head_dim)))
+        if head is not None:
+            best, ticket, ids = head
+            _expect("gemv (head)", best.dtype == "u64" and best.size >= M and ticket.dtype == ids.dtype == "i32"
+                    and ticket.size == 1 and ids.size >= M, best, ticket, ids)
+            extra = (best.arg, ticket.arg, ids.arg)
         if silu or rope is not None:
             column_warps = min(column_warps, GEMV_PAIRED_MAX_WARPS)
         cols = GEMV_WARPS // column_warps                         # output columns a block
         grid = -(-(N // 2) // (cols // 2)) if silu or rope is not None else -(-N // cols)
-        kind = ("gemv_norm_silu" if silu else "gemv_norm_rope" if rope is not None else "gemv_norm" if norm
-                else "gemv_residual" if residual else "gemv")
+        kind = ("gemv_norm_silu" if silu else "gemv_norm_rope" if rope is not None else "gemv_norm_head" if head
+                else "gemv_norm" if norm else "gemv_residual" if residual else "gemv")
         self.gpu.launch(self._gemv[kind][M - 1], self._config("gemv", grid, 32 * GEMV_WARPS),
                         w.arg, x.arg, y.arg, np.int32(N), np.int32(K), np.int32(column_warps), _arg(g),
                         np.float32(eps), *extra)
 
     def sample(self, logits: DeviceArray, temperature: DeviceArray, top_k: DeviceArray, top_p: DeviceArray,
-               seed: DeviceArray, logit_seq_slots: DeviceArray, counter: DeviceArray, out: DeviceArray) -> None:
+               seed: DeviceArray, logit_seq_slots: DeviceArray, counter: DeviceArray, out: DeviceArray,
+               greedy_ids: DeviceArray | None = None) -> None:
         """out[r] = the next token of row r of logits (n, V) f32, with the parameters of seq_slot s =
-        logit_seq_slots[r]: argmax where temperature[s] == 0, else a draw from softmax(logits[r] / temperature[s])
-        cut to top_k[s] / top_p[s], with the counter-based generator (seed[s], counter[r]). Per seq_slot (S,):
-        temperature, top_p f32, top_k i32, seed u64; per row (n,): logit_seq_slots (each < S), counter, out i32."""
+        logit_seq_slots[r]: argmax where temperature[s] == 0 (greedy_ids[r] where given: the argmax the LM head
+        found, gemv()'s head), else a draw from softmax(logits[r] / temperature[s]) cut to top_k[s] / top_p[s],
+        with the counter-based generator (seed[s], counter[r]). Per seq_slot (S,): temperature, top_p f32, top_k
+        i32, seed u64; per row (n,): logit_seq_slots (each < S), counter, out, greedy_ids i32."""
         n, V = logits.shape
         S = temperature.shape[0]
         _expect("sample", logits.dtype == "f32" and out.dtype == "i32"
                 and out.shape == counter.shape == logit_seq_slots.shape == (n,)
+                and (greedy_ids is None or (greedy_ids.dtype == "i32" and greedy_ids.size >= n))
                 and temperature.dtype == top_p.dtype == "f32" and top_k.dtype == counter.dtype == "i32"
                 and logit_seq_slots.dtype == "i32" and seed.dtype == "u64"
                 and temperature.shape == top_p.shape == top_k.shape == seed.shape == (S,),
                 logits, temperature, top_k, top_p, seed, logit_seq_slots, counter, out)
         self.gpu.launch(self._sample, self._config("sample", n, SAMPLER_THREADS), logits.arg, np.int32(V),
-                        temperature.arg, top_k.arg, top_p.arg, seed.arg, logit_seq_slots.arg, counter.arg, out.arg)
+                        temperature.arg, top_k.arg, top_p.arg, seed.arg, logit_seq_slots.arg, counter.arg,
+                        _arg(greedy_ids), out.arg)

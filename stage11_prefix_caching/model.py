@@ -30,6 +30,9 @@ into it: five kernels a layer instead of nine:
     act = silu(g) * u, [g | u] = (rms_norm(x) * w_post) @ Wgate_up^T     norm and SwiGLU (gemv_norm_silu)
     x += act @ Wdown^T                              (gemv_residual)
 
+and, at the sizes of those in head_sizes, the final norm, the LM head and each row's greedy token in one GEMV
+(gemv_norm_head; the sampler takes its ids for the greedy rows instead of reading the logits again).
+
 Buffer reuse: every activation buffer is allocated once, for max_num_batched_tokens rows, and each forward uses
 its first R rows; the layers take turns in the same buffers. No allocation happens while generating, so the
 activations' peak is what the constructor allocates: the engine measures it (free memory before and after) and
@@ -50,7 +53,7 @@ from common.rope import rope_cos_sin
 
 from .block_manager import blocks_for
 from .cache import KVCache
-from .kernels import ATTENTION_MAX_GROUP, Kernels, decode_split, tile_rows
+from .kernels import ATTENTION_MAX_GROUP, GEMV_MAX_ROWS, Kernels, decode_split, tile_rows
 from .packing import StepInputs, plan_attention
 from .weights import GpuWeights
 
@@ -121,6 +124,14 @@ class Model:
         streamed = [a for w in self.layers for a in w.values()]
         self.fusable = all(a.shape[-1] % 8 == 0 and a.ptr % 16 == 0 for a in streamed)
         self.fused_sizes: set[int] = set()
+        # of those, the sizes whose final norm, LM head and greedy argmax are one GEMV (graphs.pick_head): its
+        # blocks' argmaxes meet in head_best and head_ticket (zero between launches), the ids land in head_ids
+        self.head_sizes: set[int] = set()
+        self.head_best, self.head_ticket = gpu.empty((GEMV_MAX_ROWS,), "u64"), gpu.empty((1,), "i32")
+        gpu.fill_bytes(self.head_best, 0)
+        gpu.fill_bytes(self.head_ticket, 0)
+        self.head_ids = gpu.empty((GEMV_MAX_ROWS,), "i32")
+        self.greedy_ids: DeviceArray | None = None         # head_ids where the last forward's head wrote them
         self._staging = [PinnedBuffer(max(self.inputs.nbytes, self.sampling.nbytes)) for _ in range(STAGING)]
         self._staged = [None] * STAGING                     # the event after each one's last copy
         self._stage_turn = 0
@@ -238,10 +249,9 @@ class Model:
         tokens, positions, slot_mapping, logit_rows, prompt_tiles, decode_tiles, split, updates, prev_rows = inputs
         if updates is not None:                       # the blocks this step's sequences got since the last
             k.block_table_write(self.block_tables, updates)
-        nh, nkv, hd, eps = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+        nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         view = self.row_view
-        x, h, d = view(self.x, 0, R), view(self.h, 0, R), view(self.d, 0, R)
-        qkv, attn = view(self.qkv, 0, R), view(self.attn, 0, R)
+        x, qkv, attn = view(self.x, 0, R), view(self.qkv, 0, R), view(self.attn, 0, R)
         k.embedding(tokens, self.weights["model.embed_tokens.weight"], x, prev_rows, self.next_ids)
         fused = R in self.fused_sizes
         for i in range(len(self.layers)):
@@ -254,17 +264,37 @@ class Model:
                 k.attention(qkv, k_cache, v_cache, attn, self.partial, self.arrivals, decode_tiles,
                             self.block_tables, nh, nkv, hd, *split)
             self.finish_layer(i, R, fused)
-        if fused:                                     # every residual add is done
-            k.rms_norm(x, self.weights["model.norm.weight"], h, eps)
-        else:
-            k.add_rms_norm(x, d, self.weights["model.norm.weight"], h, eps)
+        return self.final_logits(R, n, logit_rows, fused, logits)
+
+    def final_logits(self, R: int, n: int, logit_rows: DeviceArray, fused: bool,
+                     logits: DeviceArray | None = None) -> DeviceArray:
+        """After the layers over R rows: the logits of the n rows logit_rows (n,) i32 into rows 0..n-1 of
+        self.logits, or into `logits` (n, V) f32. At a size in head_sizes (layers fused), one GEMV does the final
+        norm and the LM head and finds each row's greedy token (greedy_ids, for the sampler); otherwise the norm
+        (with the last residual add, unfused), the row gather, and cuBLAS."""
+        k, view = self.kernels, self.row_view
+        final, eps = self.weights["model.norm.weight"], self.config.rms_norm_eps
+        x, h, d = view(self.x, 0, R), view(self.h, 0, R), view(self.d, 0, R)
+        one_gemv = fused and R in self.head_sizes and n > 0
+        self.greedy_ids = self.head_ids if one_gemv else None
+        if not one_gemv:
+            if fused:                                 # every residual add is done
+                k.rms_norm(x, final, h, eps)
+            else:
+                k.add_rms_norm(x, d, final, h, eps)
         if n == 0:                                   # a step of prompt chunks that complete no prompt
             return self.row_view(self.logits, 0, 0)
         chosen = view(self.d, 0, n)                  # d is free again: it takes the rows whose logits are wanted
-        k.embedding(logit_rows, h, chosen)           # a row gather, which is what the embedding kernel does
         if logits is None:                           # (n, V) of the (B, V) buffer, or the caller's
             logits = self.row_view(self.logits, 0, n)
-        self.cublas.linear(chosen, self.weights.lm_head, logits)
+        if one_gemv:                                 # the residual stream's rows, normed inside the GEMV
+            k.embedding(logit_rows, x, chosen)       # a row gather, which is what the embedding kernel does
+            lm_head = self.weights.lm_head
+            k.gemv(chosen, lm_head, logits, self.gemv_shapes.get((n, *lm_head.shape)), norm=(final, eps),
+                   head=(self.head_best, self.head_ticket, self.head_ids))
+        else:
+            k.embedding(logit_rows, h, chosen)
+            self.cublas.linear(chosen, self.weights.lm_head, logits)
         return logits
 
     def project_qkv(self, i: int, R: int, fused: bool, rows: tuple[DeviceArray, DeviceArray]) -> None:
@@ -335,5 +365,5 @@ class Model:
         out = self.next_ids.view(0, (n,))
         self.kernels.sample(self.row_view(self.logits, 0, n), self.temperature, self.top_k, self.top_p, self.seed,
                             self.logit_seq_slots if seq_slots is None else seq_slots,
-                            self.counters if counters is None else counters, out)
+                            self.counters if counters is None else counters, out, self.greedy_ids)
         return out

@@ -11,6 +11,8 @@
 //                  v heads into the KV cache at slot_mapping[m]: rope_kv_write.cu's work, in the GEMM that makes
 //                  the values (the rotate-half pairs i, i + hd/2 of a head computed by one block)
 //   gemv_residual  y[m, n] += bf16(sum_k x[m, k] W[n, k])  (y the residual stream: the add after o and down)
+//   gemv_norm_head logits[m, n] = the gemv_norm sum, fp32 (the final norm and the LM head), and ids[m] = the first
+//                  n with the largest logits[m, n]: greedy sampling, for the sampler to take (sampling.cu)
 //
 // At M = 1..8 a linear layer reads N K weights to do M N K multiply-adds: about one flop per byte, so its time is
 // the time to stream W from HBM once, and the only question is how close to the copy bandwidth it gets. cuBLAS's
@@ -39,8 +41,17 @@
 // stores them, rounded once, into qkv and (k, v) the cache. Paired kinds need two columns a block (column_warps
 // <= 4).
 //
+// The LM head's argmax costs the sampler a pass over V = 128,256 logits a row on one SM; here each block already
+// holds its columns' logits in registers. A row's (logit, column) pairs are ordered by one 64-bit key (the
+// logit's bits as an ordered integer above, the column's complement below: larger logit first, then smaller
+// column), so "the first maximum" is the maximum key: each block takes its columns' with an atomicMax in shared
+// memory and offers it to best[m] with one atomicMax in global memory. Then it fences and takes a ticket; the
+// block that takes the last one knows every block's offer is in, reads best[m] and sets it back to 0 in one
+// atomicExch, writes ids[m], and sets the ticket back to 0: the next launch starts clean (a CUDA graph replays
+// the same buffers), whether or not anything read the ids. A NaN logit is never chosen (its key is 0).
+//
 // Launch: grid ceil(N / (8 / column_warps)) (paired kinds: ceil(N / 2 / (4 / column_warps))), block 256 (8
-// warps: 8 / column_warps columns a block). One instantiation per M and kind (gemv_m1 .. gemv_norm_rope_m8).
+// warps: 8 / column_warps columns a block). One instantiation per M and kind (gemv_m1 .. gemv_norm_head_m8).
 #include <cuda_bf16.h>
 #include "pdl.cuh"
 
@@ -53,9 +64,10 @@ union Pack {                                          // 8 bf16, loaded as one 1
     __nv_bfloat162 pair[VEC / 2];
 };
 
-enum Kind { PLAIN, NORM, NORM_SILU, NORM_ROPE, RESIDUAL };
+enum Kind { PLAIN, NORM, NORM_SILU, NORM_ROPE, RESIDUAL, NORM_HEAD };
 
-template <int KIND> constexpr bool has_norm = KIND == NORM || KIND == NORM_SILU || KIND == NORM_ROPE;
+template <int KIND> constexpr bool has_norm = KIND == NORM || KIND == NORM_SILU || KIND == NORM_ROPE ||
+                                              KIND == NORM_HEAD;
 template <int KIND> constexpr bool paired = KIND == NORM_SILU || KIND == NORM_ROPE;   // two columns make an output
 
 // what gemv_norm_rope needs beyond the GEMV (rope_kv_write.cu's arguments)
@@ -67,6 +79,14 @@ struct Rope {
     const float* sin_table;
     const int* positions;                             // (M,)
     int n_heads, n_kv_heads, head_dim;
+};
+
+// gemv_norm_head's outputs, and where its blocks' argmaxes meet
+struct Head {
+    float* logits;                                    // (M, N) fp32
+    unsigned long long* best;                         // (M,): 0 between launches
+    int* ticket;                                      // (1,): 0 between launches
+    int* ids;                                         // (M,): the greedy token of each row
 };
 
 // the row of W that makes member `second` (0 or 1) of pair p: SwiGLU's gate row p and up row I + p; RoPE's
@@ -100,6 +120,39 @@ __device__ __forceinline__ void rope_store(float a, float b, int m, int p, __nv_
                                  rope.head_dim;
     dst[i] = qa;
     dst[i + half] = qb;
+}
+
+// (logit, column) as one key whose maximum is the largest logit at its first column; NaN orders below all
+__device__ __forceinline__ unsigned long long greedy_key(float v, int n) {
+    const unsigned int u = __float_as_uint(v);
+    const unsigned int ordered = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return static_cast<unsigned long long>(ordered) << 32 | (0xffffffffu - static_cast<unsigned int>(n));
+}
+
+// gemv_norm_head's epilogue, called by every thread: `sum` is logits[m, n] where `valid`
+template <int M>
+__device__ __forceinline__ void head_store(float sum, bool valid, int m, int n, int n_cols, const Head& head) {
+    __shared__ unsigned long long block_best[M];
+    __shared__ bool last;
+    if (threadIdx.x < M) block_best[threadIdx.x] = 0ull;
+    __syncthreads();
+    if (valid) {
+        head.logits[static_cast<long long>(m) * n_cols + n] = sum;
+        atomicMax(&block_best[m], greedy_key(sum, n));
+    }
+    __syncthreads();
+    if (threadIdx.x < M) atomicMax(head.best + threadIdx.x, block_best[threadIdx.x]);
+    __threadfence();                                  // this block's offers land before its ticket
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(head.ticket, 1) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();                                  // every other block's ticket seen: its offers are in
+    if (threadIdx.x < M) {
+        const unsigned long long key = atomicExch(head.best + threadIdx.x, 0ull);
+        head.ids[threadIdx.x] = static_cast<int>(0xffffffffu - static_cast<unsigned int>(key));
+    }
+    if (threadIdx.x == 0) *head.ticket = 0;
 }
 
 // acc[m] += the 8 weights in a . x[m, k .. k + 7]. With the norm (has_norm kinds) the weights are scaled by
@@ -144,7 +197,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <int M, int KIND>
 __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,
                                             __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps,
-                                            const __nv_bfloat16* __restrict__ g, float eps, const Rope& rope) {
+                                            const __nv_bfloat16* __restrict__ g, float eps, const Rope& rope,
+                                            const Head& head) {
     __shared__ float partial[WARPS][M], partial_sq[WARPS][M], total[WARPS][M];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % column_warps;
     const int cols = WARPS / column_warps, col = warp / column_warps;   // columns a block; this warp's
@@ -219,6 +273,10 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
         return;
     }
     const int col_n = blockIdx.x * cols + c;
+    if (KIND == NORM_HEAD) {
+        head_store<M>(sum, mine && col_n < n_cols, m, col_n, n_cols, head);
+        return;
+    }
     if (!mine || col_n >= n_cols) return;
     __nv_bfloat16* out = y + static_cast<long long>(m) * n_cols + col_n;
     if (KIND == RESIDUAL) {                          // x + d in bf16, d rounded first, as the unfused add
@@ -233,7 +291,7 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
             const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x,                           \
             __nv_bfloat16* __restrict__ y, int n_cols, int k_dim, int column_warps,                              \
             const __nv_bfloat16* __restrict__ g, float eps) {                                                    \
-        gemv_column<M, KIND>(w, x, y, n_cols, k_dim, column_warps, g, eps, Rope{});                              \
+        gemv_column<M, KIND>(w, x, y, n_cols, k_dim, column_warps, g, eps, Rope{}, Head{});                      \
     }
 #define KERNEL_ROPE(M)                                                                                            \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_norm_rope_m##M(                               \
@@ -244,11 +302,19 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
             int n_heads, int n_kv_heads, int head_dim) {                                                         \
         gemv_column<M, NORM_ROPE>(w, x, qkv, n_cols, k_dim, column_warps, g, eps,                                \
                                   Rope{k_cache, v_cache, slot_mapping, cos_table, sin_table, positions,          \
-                                       n_heads, n_kv_heads, head_dim});                                          \
+                                       n_heads, n_kv_heads, head_dim}, Head{});                                  \
+    }
+#define KERNEL_HEAD(M)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) gemv_norm_head_m##M(                               \
+            const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x, float* logits, int n_cols, \
+            int k_dim, int column_warps, const __nv_bfloat16* __restrict__ g, float eps,                         \
+            unsigned long long* best, int* ticket, int* ids) {                                                   \
+        gemv_column<M, NORM_HEAD>(w, x, nullptr, n_cols, k_dim, column_warps, g, eps, Rope{},                    \
+                                  Head{logits, best, ticket, ids});                                              \
     }
 #define INSTANTIATE(M)                                                                                            \
     KERNEL(gemv, PLAIN, M) KERNEL(gemv_norm, NORM, M) KERNEL(gemv_norm_silu, NORM_SILU, M)                      \
-    KERNEL(gemv_residual, RESIDUAL, M) KERNEL_ROPE(M)
+    KERNEL(gemv_residual, RESIDUAL, M) KERNEL_ROPE(M) KERNEL_HEAD(M)
 INSTANTIATE(1)
 INSTANTIATE(2)
 INSTANTIATE(3)

@@ -2,7 +2,8 @@
 // it. Each row samples with its sequence's parameters (temperature, top_k, top_p, seed), kept per seq_slot and
 // written once when the sequence is admitted: row r reads them at logit_seq_slots[r]; its counter is counters[r].
 //
-//   greedy (temperature == 0):  token = argmax_i l_i, the first index on ties
+//   greedy (temperature == 0):  token = argmax_i l_i, the first index on ties; greedy_ids[r] where given (the LM
+//                               head found it while it computed the logits: gemv.cu's gemv_norm_head)
 //   otherwise:                  q_i = exp((l_i - max l) / T)                      (softmax(l / T), unnormalised)
 //     kept set S: the most likely tokens, at most top_k of them (0 = no limit), and no more than the smallest
 //                 such prefix whose probability reaches top_p;  token ~ q_i / sum_{j in S} q_j over S
@@ -46,7 +47,7 @@ extern "C" __global__ void sample_tokens(const float* __restrict__ all_logits, i
                                          const float* __restrict__ temperatures, const int* __restrict__ top_ks,
                                          const float* __restrict__ top_ps, const unsigned long long* __restrict__ seeds,
                                          const int* __restrict__ logit_seq_slots, const int* __restrict__ counters,
-                                         int* __restrict__ out_ids) {
+                                         const int* __restrict__ greedy_ids, int* __restrict__ out_ids) {
     begin_after_previous();
     __shared__ float scratch[32];
     __shared__ int iscratch[32];
@@ -59,6 +60,10 @@ extern "C" __global__ void sample_tokens(const float* __restrict__ all_logits, i
     const unsigned long long seed = seeds[ps], counter = static_cast<unsigned long long>(counters[row]);
     int* out = out_ids + row;
 
+    if (temperature == 0.0f && greedy_ids) {
+        if (tid == 0) *out = greedy_ids[row];
+        return;
+    }
     if (temperature == 0.0f) {      // greedy, in one pass: each thread's max and the first index holding it,
         float best = NEG_INF;       // then the block's max and the smallest index among threads that hold it
         int first = 0x7fffffff;

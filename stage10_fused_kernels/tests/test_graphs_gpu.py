@@ -10,7 +10,7 @@ import pytest
 from common.sampling import SamplingParams
 from common.testing import rel_l2
 
-from ..graphs import decode_layout, pack_decode
+from ..graphs import DecodeGraphs, decode_layout, pack_decode
 from ..kernels import GEMV_COLUMN_WARPS, GEMV_PAIRED_MAX_WARPS
 
 pytestmark = pytest.mark.gpu
@@ -120,6 +120,34 @@ def test_each_small_gemm_was_timed_and_its_fastest_warps_kept(engine):
     assert all(0 < t < 1e4 for pair in layer_times.values() for t in pair)
     assert all(0 < blas < 1e4 and 0 < mine < 1e4 and column_warps in GEMV_COLUMN_WARPS
                for blas, mine, column_warps in times.values())
+    head_times = engine.graphs.head_us                      # the step's end, at each fused size
+    assert sorted(head_times) == sorted(m.fused_sizes) and all(0 < t < 1e4 for p in head_times.values() for t in p)
+    assert m.head_sizes == {s for s, (apart, one) in head_times.items() if one < apart}
+
+
+def test_a_replay_with_the_step_s_end_in_one_gemv_takes_each_greedy_row_s_argmax(engine):
+    """Whatever the timings picked: a graph of 4 rows captured with the layers fused and the final norm, LM head
+    and argmax in one GEMV (gemv_norm_head) gives the eager step's logits and tokens bit for bit, twice in a row
+    (its argmax buffers start clean each time), and each greedy row's token is its logits' first argmax."""
+    m = engine.model
+    kept = m.fused_sizes, m.head_sizes
+    x = planned_decode_step(engine, 4, seed=11)
+    try:
+        m.fused_sizes, m.head_sizes = {4}, {4}
+        g = DecodeGraphs(m, [4])
+        g.graphs[4] = m.gpu.capture(lambda: g.body(4))
+        g.launch(x, replay=False)
+        want = read_back(engine, 4)
+        for _ in range(2):
+            g.launch(x)
+            got = read_back(engine, 4)
+            assert all(np.array_equal(a, b) for a, b in zip(got, want))
+        logits, ids = got
+        greedy = np.arange(4) % 2 == 0                          # even requests are greedy
+        assert (ids[greedy] == logits[greedy].argmax(-1)).all()
+    finally:
+        m.fused_sizes, m.head_sizes = kept
+        abort_all(engine)
 
 
 def test_a_replay_follows_the_step_s_split_of_the_keys(engine):
@@ -229,5 +257,6 @@ def test_a_second_engine_takes_the_kernels_the_first_timed(tiny_dir, engine):
         assert e.graphs.timed_now == 0 and e.graphs.timings_file == engine.graphs.timings_file
         assert e.model.gemv_shapes == {k: v for k, v in engine.model.gemv_shapes.items() if k[0] <= 8}
         assert e.model.fused_sizes == {s for s in engine.model.fused_sizes if s <= 8}
+        assert e.model.head_sizes == {s for s in engine.model.head_sizes if s <= 8}
     finally:
         del e

@@ -2,7 +2,8 @@
 checks run for real (kernels.py), so a step whose shapes, dtypes or buffers do not fit a kernel fails here, on
 any machine; what the kernels compute is the GPU tier's. A small decode step takes the fused layer (gemv.cu's
 kinds: five kernels a layer) at the sizes in fused_sizes and the unfused one (norms, cuBLAS, rope_kv_write,
-silu_mul) at the others; a prompt step of more rows than a GEMV takes is never fused."""
+silu_mul) at the others, and the step's end in one GEMV at the sizes in head_sizes; a prompt step of more rows
+than a GEMV takes is never fused."""
 from itertools import count
 from types import SimpleNamespace
 
@@ -119,12 +120,12 @@ def prompt_step(n: int) -> StepInputs:
                       np.array([[0, n, 0, 0]], np.int32), np.stack([blocks, blocks], 1), None)
 
 
-def layer_kernels(launches, layers: int = 16) -> list[str]:
-    """The first layer's launches: those between the embedding and the last three (the final norm, the gather of
-    the logit rows, the LM head) are the layers', as many each."""
+def layer_kernels(launches, layers: int = 16, tail: int = 3) -> list[str]:
+    """The first layer's launches: those between the embedding and the last `tail` (the final norm, the gather of
+    the logit rows, the LM head; or the gather and one GEMV) are the layers', as many each."""
     names = [k for k, *_ in launches]
     first = names.index("embedding_gather") + 1
-    every = names[first:-3]
+    every = names[first:-tail]
     assert len(every) % layers == 0, every
     return every[:len(every) // layers]
 
@@ -147,6 +148,62 @@ def test_a_step_of_a_size_not_fused_takes_the_separate_kernels(model, R):
                                                  "cublas", "add_rms_norm", "cublas",
                                                  "silu_mul", "cublas"]
     assert [k for k, *_ in model.gpu.launches[-3:]] == ["add_rms_norm", "embedding_gather", "cublas"]
+
+
+def test_the_step_s_end_in_one_gemv_at_a_head_size(model):
+    """At a size in head_sizes the final norm, the LM head and the argmax are one gemv_norm_head over the logit
+    rows of x (no norm before the gather), and the sampler gets its ids; at a fused size not in head_sizes the
+    end is the norm, the gather of h and cuBLAS, and the sampler reads the logits alone."""
+    model.fused_sizes, model.head_sizes = {1, 4}, {4}
+    model.forward(decode_step(4))
+    model.queue_sample_rows(4)
+    launches = model.gpu.launches
+    assert [k for k, *_ in launches[-3:]] == ["embedding_gather", "gemv_norm_head_m4", "sample_tokens"]
+    assert layer_kernels(launches[:-1], tail=2)[-1] == "gemv_residual_m4"
+    gather, head, sample = (args for _, _, args in launches[-3:])
+    assert gather[3] == model.x.arg and head[1] == gather[4]              # x's rows, gathered, into the GEMV
+    assert head[2] == model.logits.arg and head[8:] == (model.head_best.arg, model.head_ticket.arg,
+                                                        model.head_ids.arg)
+    assert sample[-2] == model.head_ids.arg
+    launches.clear()
+    model.forward(decode_step(1))
+    model.queue_sample_rows(1)
+    assert [k for k, *_ in launches[-4:]] == ["rms_norm", "embedding_gather", "cublas", "sample_tokens"]
+    assert launches[-1][2][-2] == 0                                    # no ids: the sampler reads the logits
+
+
+def test_a_head_size_whose_layers_are_not_fused_keeps_the_step_s_end_apart(model):
+    model.fused_sizes, model.head_sizes = set(), {4}
+    model.forward(decode_step(4))
+    assert [k for k, *_ in model.gpu.launches[-3:]] == ["add_rms_norm", "embedding_gather", "cublas"]
+    assert model.greedy_ids is None
+
+
+def test_pick_head_times_the_step_s_end_both_ways_at_each_fused_size(model, monkeypatch, tmp_path):
+    """pick_head on a clock that runs the work (every launcher's checks) and calls the one GEMV faster at 1 row
+    and slower at 4; what it timed is kept, and a second pick over the file times nothing."""
+    from .. import graphs
+    from ..gemm_timings import GemmTimings
+
+    def fake_us(gpu, work, repeats=3):
+        model.gpu.launches.clear()
+        work()
+        names = [k for k, *_ in model.gpu.launches]
+        assert names[-1] == "sample_tokens"
+        one = [k for k in names if str(k).startswith("gemv_norm_head")]
+        assert names == (["embedding_gather", *one, "sample_tokens"] if one else
+                         ["rms_norm", "embedding_gather", "cublas", "sample_tokens"])
+        return {"gemv_norm_head_m1": 5.0, "gemv_norm_head_m4": 12.0}.get(one[0] if one else None, 10.0)
+
+    monkeypatch.setattr(graphs, "gpu_us", fake_us)
+    model.fused_sizes = {1, 4}
+    timings = GemmTimings(tmp_path / "t.json")
+    assert graphs.pick_head(model, timings) == {1: (10.0, 5.0), 4: (10.0, 12.0)} and model.head_sizes == {1}
+    timings.save()
+    monkeypatch.setattr(graphs, "gpu_us", lambda *a, **k: pytest.fail("timed although kept"))
+    model.head_sizes = set()
+    assert graphs.pick_head(model, GemmTimings(tmp_path / "t.json")) == {1: (10.0, 5.0), 4: (10.0, 12.0)}
+    assert model.head_sizes == {1}
 
 
 def test_a_prompt_step_is_never_fused(model):

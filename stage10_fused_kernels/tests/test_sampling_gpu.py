@@ -9,9 +9,9 @@ from common.reference import softmax
 pytestmark = pytest.mark.gpu
 
 
-def launch(kernels, logits, temperature, top_k, top_p, seed, counter, logit_seq_slots=None):
+def launch(kernels, logits, temperature, top_k, top_p, seed, counter, logit_seq_slots=None, greedy_ids=None):
     """One launch over the rows of logits (n, V). The parameter sequences are per seq_slot; row r uses seq_slot
-    logit_seq_slots[r] (default: row r's own, r)."""
+    logit_seq_slots[r] (default: row r's own, r); greedy_ids, where given, the LM head's argmax of each row."""
     gpu = kernels.gpu
     n = len(logits)
     out = gpu.empty((n,), "i32")
@@ -20,7 +20,8 @@ def launch(kernels, logits, temperature, top_k, top_p, seed, counter, logit_seq_
     kernels.sample(gpu.to_device(np.asarray(logits, np.float32)),
                    *(gpu.to_device(np.asarray(a, t)) for a, t in ((temperature, np.float32), (top_k, np.int32),
                                                                   (top_p, np.float32), (seed, np.uint64),
-                                                                  (slots, np.int32), (counter, np.int32))), out)
+                                                                  (slots, np.int32), (counter, np.int32))), out,
+                   None if greedy_ids is None else gpu.to_device(np.asarray(greedy_ids, np.int32)))
     return gpu.to_host(out)
 
 
@@ -57,6 +58,23 @@ def test_each_row_of_a_batch_uses_its_own_parameters(kernels):
     alone = [launch(kernels, logits[b:b + 1], *([p[b]] for p in params))[0] for b in range(B)]
     assert together.tolist() == alone
     assert together[0] == logits[0].argmax() and together[4] == logits[4].argmax()     # the greedy rows
+
+
+def test_greedy_rows_take_the_lm_head_s_ids_where_given_and_sampled_rows_ignore_them(kernels):
+    """With greedy_ids (gemv_norm_head found the argmax), a greedy row's token is its id, not looked for again in
+    the logits (ids planted unlike the argmax show it), and a sampling row draws as it does without them."""
+    rng = np.random.default_rng()
+    B, V = 6, 128256
+    logits = rng.normal(0, 2, (B, V))
+    params = ([0.0, 1.0, 0.0, 0.7, 0.0, 1.3], [0, 5, 0, 0, 3, 40], [1.0, 1.0, 1.0, 0.9, 1.0, 0.8],
+              rng.integers(0, 2**63, B).tolist(), [0, 3, 17, 4, 9, 100])
+    planted = [7, 8, 9, 10, 11, 12]
+    with_ids = launch(kernels, logits, *params, greedy_ids=planted)
+    without = launch(kernels, logits, *params)
+    greedy = [0, 2, 4]
+    assert with_ids[greedy].tolist() == [planted[b] for b in greedy]
+    assert without[greedy].tolist() == logits[greedy].argmax(1).tolist()
+    assert with_ids[[1, 3, 5]].tolist() == without[[1, 3, 5]].tolist()
 
 
 @pytest.mark.parametrize("V", [1, 5, 1000, 128256])

@@ -508,6 +508,34 @@ def test_gemv_norm_rope_matches_numpy(kernels, rng, column_warps, M, nh, nkv, hd
     check_cache_writes(gpu, k_cache, v_cache, slots, got[:, nh * hd:rot], got[:, rot:])    # what qkv holds
 
 
+@pytest.mark.parametrize("column_warps", [None, 1, 2, 4, 8])
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("N, K", [(37, 264), (1000, 2048), (128256, 2048), (19, 4104)])
+def test_gemv_norm_head_gives_fp32_logits_and_each_row_s_first_argmax(kernels, rng, column_warps, M, N, K):
+    """The final norm and the LM head in one GEMV: fp32 logits against numpy, and ids[m] the first argmax of the
+    logits it wrote. Row 0 holds a planted tie between two columns of different blocks (the lower one wins); the
+    argmax buffers are back at zero after the launch, and a second launch over other rows finds their own."""
+    gpu = kernels.gpu
+    g, gf = bf16(gpu, rng.normal(1, 0.2, K))
+    wn = rng.normal(0, 0.05, (N, K))
+    first, second = N // 3, N - 1
+    x0 = rows_at_scales(rng, M, K)
+    wn[first] = wn[second] = 0.2 * np.sign(x0[0] * gf)              # row 0's largest logit, twice
+    w, wf = bf16(gpu, wn)
+    best, ticket = (gpu.to_device(np.zeros(n, t)) for n, t in ((M + 2, np.uint64), (1, np.int32)))
+    ids = poisoned(gpu, (M + 2,), "i32")
+    for launch, rows in enumerate((x0, rng.normal(0, 1, (M, K)))):
+        x, xf = bf16(gpu, rows)
+        y = poisoned(gpu, (M, N), "f32")
+        kernels.gemv(x, w, y, column_warps, norm=(g, 1e-5), head=(best, ticket, ids))
+        got = read(gpu, y)
+        assert rel_l2(got, rms_norm(xf, gf, 1e-5) @ wf.T) < 1e-4
+        assert read(gpu, ids)[:M].tolist() == got.argmax(1).tolist(), f"launch {launch}"
+        assert not read(gpu, best).any() and read(gpu, ticket)[0] == 0, f"launch {launch} left its argmax state"
+        if launch == 0:
+            assert got[0, first] == got[0, second] == got[0].max() and read(gpu, ids)[0] == first
+
+
 def test_gemv_fused_refuses_what_it_cannot_do(kernels):
     gpu = kernels.gpu
     x, w, g = gpu.empty((1, 16), "bf16"), gpu.empty((6, 16), "bf16"), gpu.empty((16,), "bf16")
@@ -519,6 +547,13 @@ def test_gemv_fused_refuses_what_it_cannot_do(kernels):
         kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(gpu.empty((8,), "bf16"), 1e-5))
     with pytest.raises(ValueError, match="gemv"):                          # norm and residual: not one kernel
         kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(g, 1e-5), residual=True)
+    best, ticket = gpu.empty((1,), "u64"), gpu.empty((1,), "i32")
+    with pytest.raises(ValueError, match="gemv"):                          # the head's logits are fp32
+        kernels.gemv(x, w, gpu.empty((1, 6), "bf16"), norm=(g, 1e-5), head=(best, ticket, ticket))
+    with pytest.raises(ValueError, match="gemv"):                          # the head without the norm
+        kernels.gemv(x, w, gpu.empty((1, 6), "f32"), head=(best, ticket, ticket))
+    with pytest.raises(ValueError, match="head"):                          # best must be u64
+        kernels.gemv(x, w, gpu.empty((1, 6), "f32"), norm=(g, 1e-5), head=(ticket, ticket, ticket))
     cache, ids = gpu.empty((4, 1, 1, 4), "bf16"), gpu.empty((1,), "i32")    # right but for the columns
     table = gpu.empty((8, 2), "f32")
     with pytest.raises(ValueError, match="rope"):                          # 6 columns are not 1 + 2 * 1 heads of 4

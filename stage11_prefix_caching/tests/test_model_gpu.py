@@ -104,8 +104,9 @@ FUSED_SHAPES = {
 @pytest.mark.parametrize("shape", sorted(FUSED_SHAPES))
 def test_the_fused_layer_matches_the_reference_and_the_unfused_one(shape, tmp_path):
     """Decode logits of a batch of five (steps of 1-5 rows) through the fused layer (gemv.cu with the norms,
-    SwiGLU and residual adds) and through the unfused one, each against the numpy reference by the design's
-    measure, and against each other: they differ (the fused path ran: it rounds less), within the same bound."""
+    SwiGLU and residual adds), through it with the step's end in one GEMV (gemv_norm_head), and through the
+    unfused one, each against the numpy reference by the design's measure, and against each other: fused and
+    unfused differ (the fused path ran: it rounds less), within the same bound."""
     from dataclasses import replace
 
     from common.synthetic import PRESETS, write_checkpoint
@@ -118,16 +119,16 @@ def test_the_fused_layer_matches_the_reference_and_the_unfused_one(shape, tmp_pa
     seqs = [prompt_ids(n, seed=5 + i) for i, (n, _) in enumerate(UNEVEN)]
     ref = ReferenceModel(Checkpoint(folder))
     want = [ref.forward(s)[m - 1:] for s, (_, m) in zip(seqs, UNEVEN)]
-    got = {}
-    for sizes in (set(), set(range(1, 9))):
-        engine.model.fused_sizes = sizes
-        got[bool(sizes)] = engine.decode_logits(seqs, [m for _, m in UNEVEN])
-        errors = [rel_l2(g, w) for g, w in zip(got[bool(sizes)], want)]
-        print(f"{shape}, {'fused' if sizes else 'unfused'}: relative L2 against the reference "
-              + ", ".join(f"{e:.2e}" for e in errors))
+    got, every = {}, set(range(1, 9))
+    for label, sizes, heads in (("unfused", set(), set()), ("fused", every, set()), ("fused head", every, every)):
+        engine.model.fused_sizes, engine.model.head_sizes = sizes, heads
+        got[label] = engine.decode_logits(seqs, [m for _, m in UNEVEN])
+        errors = [rel_l2(g, w) for g, w in zip(got[label], want)]
+        print(f"{shape}, {label}: relative L2 against the reference " + ", ".join(f"{e:.2e}" for e in errors))
         assert max(errors) < 2e-2
-    assert max(rel_l2(f, u) for f, u in zip(got[True], got[False])) < 2e-2
-    assert not all(np.array_equal(f, u) for f, u in zip(got[True], got[False]))
+    assert max(rel_l2(f, u) for f, u in zip(got["fused"], got["unfused"])) < 2e-2
+    assert not all(np.array_equal(f, u) for f, u in zip(got["fused"], got["unfused"]))
+    assert max(rel_l2(f, u) for f, u in zip(got["fused head"], got["fused"])) < 2e-2
 
 
 @pytest.mark.parametrize("fixture", ["tiny_dir", "small_dir"])
