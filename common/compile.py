@@ -65,6 +65,14 @@ def cache_key(source: str, headers: dict[str, str], options: tuple[str, ...], ar
     return h.hexdigest()
 
 
+def arch_for(path: Path, arch: str) -> str:
+    """The target to compile the kernel file `path` for on a GPU of `arch` ("sm_90"): sm_90a where the file's first
+    line names it (its kernels use Hopper's arch-specific instructions, wgmma and TMA, which sm_90 code may not;
+    a cubin for sm_90a runs on compute capability 9.0 alone), else `arch`."""
+    first = Path(path).read_text().split("\n", 1)[0]
+    return "sm_90a" if arch == "sm_90" and "sm_90a" in first else arch
+
+
 def compile_cubin(path: Path, arch: str, defines: tuple[str, ...] = ()) -> bytes:
     """Compile one .cu file to a cubin for `arch` (e.g. "sm_90"); works without a GPU.
 

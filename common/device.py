@@ -199,6 +199,14 @@ class Gpu:
         free, total = check(driver.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
+    def allow_shared_memory(self, kernel, nbytes: int) -> None:
+        """Let `kernel` launch with up to nbytes of dynamic shared memory: past 48 KiB a kernel must ask for it
+        (the function attribute MAX_DYNAMIC_SHARED_SIZE_BYTES)."""
+        driver = _driver()
+        attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        handle = getattr(kernel, "handle", None) or kernel._handle
+        check(driver.cuKernelSetAttribute(attribute, nbytes, handle, self.device.device_id), "cuKernelSetAttribute")
+
     # ---------------------------------------------------------------- work and time
     def launch(self, kernel, config, *args) -> None:
         from cuda.core import launch

@@ -18,7 +18,8 @@ def fresh_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("path", KERNELS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
 def test_kernel_compiles_to_sm90_cubin(path):
-    cubin = nvrtc.compile_cubin(path, "sm_90")
+    """For sm_90, or sm_90a where the file's first line asks for it (nvrtc.arch_for)."""
+    cubin = nvrtc.compile_cubin(path, nvrtc.arch_for(path, "sm_90"))
     assert cubin[:4] == b"\x7fELF"  # machine code, not PTX text
     # ELF64 header: e_machine 190 is EM_CUDA; e_flags holds the SM version in bits 8..15 (0x5a for sm_90)
     machine, flags = struct.unpack_from("<H", cubin, 18)[0], struct.unpack_from("<I", cubin, 48)[0]
@@ -35,6 +36,14 @@ def test_cache_hits_and_keys(tmp_path):
     nvrtc.compile_cubin(src, "sm_90", defines=("N=4",))              # options change the key
     nvrtc.compile_cubin(src, "sm_80")                                # so does the arch
     assert len(list((tmp_path / "kernels").glob("k-*.cubin"))) == 3
+
+
+def test_a_kernel_file_naming_sm_90a_on_its_first_line_is_built_for_it(tmp_path):
+    hopper, plain = tmp_path / "h.cu", tmp_path / "p.cu"
+    hopper.write_text("// h.cu: wgmma (sm_90a)\n")
+    plain.write_text("// p.cu: nothing arch-specific\n// (unlike sm_90a kernels)\n")
+    assert nvrtc.arch_for(hopper, "sm_90") == "sm_90a" and nvrtc.arch_for(plain, "sm_90") == "sm_90"
+    assert nvrtc.arch_for(hopper, "sm_80") == "sm_80"          # no sm_90a code for another GPU
 
 
 def test_compile_error_names_the_file_and_shows_the_log(tmp_path):
