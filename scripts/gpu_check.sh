@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench11 (pytest-benchmark files), profile
+# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench12 (pytest-benchmark files), profile
 # (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
 # B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
 # ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat),
@@ -41,6 +41,7 @@ if want tests; then
   run cli-09 python3 -m stage09_async_scheduling --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-10 python3 -m stage10_fused_kernels --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
   run cli-11 python3 -m stage11_prefix_caching --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run cli-12 python3 -m stage12_hopper_attention --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
 fi
 if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
@@ -70,6 +71,10 @@ fi
 if want bench07; then
   run bench-paged-attention python3 -m pytest stage07_paged_attention/bench_attention.py --benchmark-only \
       -p no:cacheprovider --benchmark-json "$logs/${gpu}_${day}_pytest-bench-paged-attention.json" -q
+fi
+if want bench12; then   # the prefill kernels alone: attention_hopper (wgmma, TMA) beside attention_tiles
+  run bench-attention-12 python3 -m pytest stage12_hopper_attention/bench_attention.py -k prefill --benchmark-only \
+      -p no:cacheprovider --benchmark-json "$logs/${gpu}_${day}_pytest-bench-attention12.json" -q
 fi
 # a decode step's GPU and host time, kernel by kernel and replayed (and, from 09, without asynchronous scheduling)
 for st in 08 09 10 11; do

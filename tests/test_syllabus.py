@@ -53,6 +53,10 @@ SYLLABUS = [
     ("prefix caching: a block named by its tokens", "stage11_prefix_caching", "name a block by its tokens",
      ("sha256", "parent")),
     ("eviction of cached blocks", "stage11_prefix_caching", "eviction", ("least recently",)),
+    ("Hopper's pipeline: wgmma, TMA, mbarriers, warp specialisation", "stage12_hopper_attention",
+     "hopper's pipeline", ("wgmma", "tma", "mbarrier", "producer")),
+    ("a wgmma operand in shared memory", "stage12_hopper_attention", "the instructions",
+     ("descriptor", "swizzle")),
 ]
 
 
