@@ -7,7 +7,8 @@
 # ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and
 # max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default; longer than one 10-minute
 # run).
-# LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests.
+# LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests,
+# TEST_ARGS more pytest arguments (-k ...), CLI_STAGES the CLIs the tests part runs.
 # e.g. bash scripts/gpu_check.sh gpu-logs tests   (LOGS_TAR=F: also one archive of the logs at F)
 set -uo pipefail
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (nvidia-smi not found); it runs the GPU tests and benchmarks"; exit 2; }
@@ -29,19 +30,11 @@ run() { local name=$1; shift; echo "== $name: $*"; timeout "$limit" "$@" 2>&1 | 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
 date -u | tee -a "$logs/gpu.txt"
 if want tests; then
-  run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rsP ${TEST_PATHS:-}   # TEST_PATHS: a subset
-  run cli-01 python3 -m stage01_loading --prompt "Hello, world!" --chat
-  run cli-02 python3 -m stage02_forward --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-03 python3 -m stage03_kvcache --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-04 python3 -m stage04_static_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-05 python3 -m stage05_continuous_batch --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-06 python3 -m stage06_online_softmax --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-07 python3 -m stage07_paged_attention --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-08 python3 -m stage08_cuda_graphs --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-09 python3 -m stage09_async_scheduling --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-10 python3 -m stage10_fused_kernels --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-11 python3 -m stage11_prefix_caching --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
-  run cli-12 python3 -m stage12_hopper_attention --prompt "Hello, world!" --chat --max-tokens 24 --seed 1
+  run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rsP ${TEST_ARGS:-} ${TEST_PATHS:-}
+  for st in ${CLI_STAGES-01 02 03 04 05 06 07 08 09 10 11 12}; do   # CLI_STAGES="": no CLI runs
+    if [ "$st" = 01 ]; then args=(); else args=(--max-tokens 24 --seed 1); fi
+    run "cli-$st" python3 -m "$(basename stage${st}_*)" --prompt "Hello, world!" --chat "${args[@]}"
+  done
 fi
 if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \

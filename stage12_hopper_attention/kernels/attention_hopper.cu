@@ -27,8 +27,8 @@
 // keys of one head, 64 dims of each, so a 64-key tile is 64 / ROWS copies (x hd / 64) from anywhere in the pool.
 // Each lands at a multiple of 1,024 bytes (ROWS >= 8: the engine takes attention_tiles.cu for smaller blocks), the
 // swizzle's period. Copies past the tile's last key are not made; the rows of V past it, stale or never written,
-// are zeroed before P V reads them (P is 0 there, but 0 * NaN is not 0), and S is set to -inf there whatever K
-// held.
+// are zeroed by the consumers before P V reads them (P is 0 there, but 0 * NaN is not 0), and S is set to -inf
+// there whatever K held.
 //
 // Launch: grid (n_tiles, nkv), block 288, dynamic shared memory STAGES * 2 * (hd / 64) * 8 KiB + 1 KiB (the
 // stages aligned to 1,024 bytes). tiles (n_tiles, 4) i32: first row, n_rows (<= 128 / G), seq_slot, first
@@ -186,26 +186,31 @@ __device__ __forceinline__ void attention_hopper(
         }
 
         const int n_valid = min(TILE_N, last_pos + 1 - k0);
-        if (n_valid < TILE_N) {                        // V past the last key: zeros, 16 bytes a thread (each
-            for (int x = threadIdx.x % 128; x < (TILE_N - n_valid) * CHUNKS * 8; x += 128) {   // warpgroup writes
-                const int r = n_valid + x / (CHUNKS * 8), chunk = x % (CHUNKS * 8);           // them all: the
+        if (n_valid < TILE_N) {                        // V past the last key: zeros, 16 bytes a thread, the rows
+            for (int x = threadIdx.x; x < (TILE_N - n_valid) * CHUNKS * 8; x += CONSUMERS) {   // shared by both
+                const int r = n_valid + x / (CHUNKS * 8), chunk = x % (CHUNKS * 8);               // warpgroups
                 uint4* at = reinterpret_cast<uint4*>(v_tile + (chunk / 8) * ATOM + r * 128 + (chunk % 8) * 16);
-                *at = make_uint4(0, 0, 0, 0);                                                  // same bytes)
+                *at = make_uint4(0, 0, 0, 0);
             }
-            fence_async_shared();
-            asm volatile("bar.sync %0, 128;" :: "r"(1 + c) : "memory");   // this warpgroup's zeros, all written
+            fence_async_shared();                      // visible to wgmma (the async proxy), once every consumer
+            asm volatile("bar.sync 1, 256;" ::: "memory");   // thread has written its share (named barrier 1)
+        }
+        unsigned pf[TILE_N / 16][4];                   // P as wgmma's A operand: S's registers, in bf16, 16 keys
+#pragma unroll                                         // a step (written before the fence, which orders them)
+        for (int kk = 0; kk < TILE_N / 16; ++kk) {
+            pf[kk][0] = pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
+            pf[kk][1] = pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
+            pf[kk][2] = pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pf[kk][3] = pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
         }
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < TILE_N / 16; ++kk) {     // O += P V, 16 keys a step: V rows 16 kk .. 16 kk + 15
-            const unsigned pf[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                                    pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                    pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
             const unsigned long long b = smem_desc(v_tile + kk * 16 * 128, ATOM, 1024);
             if constexpr (HD == 64) {
-                wgmma_m64n64k16<1>(o, pf, b, 1);
+                wgmma_m64n64k16<1>(o, pf[kk], b, 1);
             } else {
-                wgmma_m64n128k16<1>(o, pf, b, 1);
+                wgmma_m64n128k16<1>(o, pf[kk], b, 1);
             }
         }
         wgmma_commit();

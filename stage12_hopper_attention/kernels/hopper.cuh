@@ -53,9 +53,10 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, i
 }
 
 // ---- TMA
-// the tensor map was written by the host before the launch, in global memory: made visible to the tensormap proxy
+// the tensor map was written by the host (a copy to the device) before the launch, in global memory: made visible
+// to the tensormap proxy, at system scope as the host wrote it
 __device__ __forceinline__ void tensormap_acquire(const void* map) {
-    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(map) : "memory");
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;" :: "l"(map) : "memory");
 }
 // the box at coordinates (c0, c1, c2) of the map's tensor into shared memory at dst; its bytes count down `bar`
 __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, int c1, int c2,
