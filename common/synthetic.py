@@ -39,10 +39,14 @@ LOGIT_SCALE = 4.0
 ROW_NORM_SIGMA = 0.4
 
 
+LLAMA31_ROPE = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                           original_max_position_embeddings=8192)
+
+
 def _preset(**shape) -> LlamaConfig:
-    return LlamaConfig(vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE,
-                       max_position_embeddings=131072, tie_word_embeddings=True, bos_token_id=128000,
-                       eos_token_ids=LLAMA3_EOS, source="preset", **shape)
+    shape = {"rope_scaling": LLAMA3_ROPE, "tie_word_embeddings": True, **shape}
+    return LlamaConfig(vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+                       bos_token_id=128000, eos_token_ids=LLAMA3_EOS, source="preset", **shape)
 
 
 PRESETS = {
@@ -53,6 +57,10 @@ PRESETS = {
                      num_key_value_heads=2, head_dim=32),
     "llama-3.2-1b": _preset(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                             num_attention_heads=32, num_key_value_heads=8, head_dim=64),
+    # the shape tensor parallelism pays on (16 GB in bf16: written once, like the 1B, when first asked for)
+    "llama-3.1-8b": _preset(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_scaling=LLAMA31_ROPE,
+                            tie_word_embeddings=False),
 }
 DEFAULT_PRESET = "llama-3.2-1b"
 

@@ -12,6 +12,12 @@ def test_1b_preset_has_the_real_parameter_count():
     assert PRESETS["llama-3.2-1b"].num_parameters() == 1_235_814_400
 
 
+def test_8b_preset_has_the_real_parameter_count_and_rope():
+    cfg = PRESETS["llama-3.1-8b"]
+    assert cfg.num_parameters() == 8_030_261_248 and not cfg.tie_word_embeddings
+    assert cfg.rope_scaling.factor == 8.0 and cfg.head_dim == 128
+
+
 def test_round_trip_through_config_json(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(REAL_1B))
     cfg = LlamaConfig.from_file(tmp_path)
