@@ -57,6 +57,9 @@ SYLLABUS = [
      "hopper's pipeline", ("wgmma", "tma", "mbarrier", "producer")),
     ("a wgmma operand in shared memory", "stage12_hopper_attention", "the instructions",
      ("descriptor", "swizzle")),
+    ("tensor parallelism: column- and row-parallel layers", "stage13_tensor_parallel", "cut every gemm",
+     ("column-parallel", "row-parallel", "all-reduce")),
+    ("the all-reduce's cost", "stage13_tensor_parallel", "the all-reduce", ("latency", "bandwidth")),
 ]
 
 

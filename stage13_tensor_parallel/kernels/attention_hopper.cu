@@ -1,0 +1,246 @@
+// attention_hopper.cu: causal GQA attention of prompt tiles on Hopper's own pipeline (sm_90a; head_dim 64 and 128):
+// the online softmax of attention_tiles.cu (the recurrence and its proof are in attention_rows.cu), with both
+// matrix products on warpgroup MMA and the K/V tiles brought by the tensor memory accelerator into a ring of
+// shared-memory stages, which mbarriers pass between one producer warp and two consumer warpgroups.
+//
+//   S = Q K^T / sqrt(hd)   per consumer warpgroup: 64 M-rows x 64 keys, hd / 16 wgmma m64n64k16 (Q from registers)
+//   mask S[m, j] = -inf where key j > the position of M-row m          (only tiles that reach past a row)
+//   m_new = max(m, rowmax S);  P = exp(S - m_new);  l = exp(m - m_new) l + rowsum P;  O = exp(m - m_new) O + P V
+//   O += P V               4 wgmma m64n{hd}k16, P from registers (S's accumulator, rounded to bf16)
+//   after the last tile: out = O / l
+//
+// A block owns a tile of TILE_M = 128 M-rows, each a (query row, query head) pair of K/V head g's group, row-major
+// in the group (M-row m = query row m / G, head g G + m % G: 128 / G consecutive query rows of one chunk), as in
+// attention_tiles.cu but twice as many. Its 288 threads are specialised:
+//
+//   warp 8 (the producer): for key tile j = 0, 1, .. it waits until stage j % STAGES is empty, tells the stage's
+//     `full` barrier how many bytes are coming, and issues the TMA copies of tile j's keys and values into it
+//   warps 0-3 and 4-7 (two consumer warpgroups, M-rows 0-63 and 64-127): wait until stage j % STAGES is full,
+//     compute S, the softmax and O += P V, then arrive on the stage's `empty` barrier (one arrival a warp)
+//
+// so the copies of tile j + 1 are in flight while tile j is multiplied. Nothing but the barriers orders the two
+// sides: no __syncthreads() after the start.
+//
+// The cache is paged: the keys of positions p .. p + BS - 1 (a whole block of seq_slot b, BS = 1 << block_shift)
+// sit in consecutive cache slots block_tables[b][p / BS] * BS ... The tensor map (tma.py) views one layer's K (or
+// V) as a 3-D tensor (head_dim, nkv, slots) with a box of (64, 1, ROWS), ROWS = min(BS, 64): one copy moves ROWS
+// keys of one head, 64 dims of each, so a 64-key tile is 64 / ROWS copies (x hd / 64) from anywhere in the pool.
+// Each lands at a multiple of 1,024 bytes (ROWS >= 8: the engine takes attention_tiles.cu for smaller blocks), the
+// swizzle's period. Copies past the tile's last key are not made; the rows of V past it, stale or never written,
+// are zeroed by the consumers before P V reads them (P is 0 there, but 0 * NaN is not 0), and S is set to -inf
+// there whatever K held.
+//
+// Launch: grid (n_tiles, nkv), block 288, dynamic shared memory STAGES * 2 * (hd / 64) * 8 KiB + 1 KiB (the
+// stages aligned to 1,024 bytes). tiles (n_tiles, 4) i32: first row, n_rows (<= 128 / G), seq_slot, first
+// position; the tiles' K/V are in the cache (rope_kv_write ran first). qkv (R, row_stride) bf16 (queries = the
+// first nh heads, RoPE applied); kv_maps: this layer's two 128-byte tensor maps, K then V, in global memory;
+// block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows written. G <= 32.
+#include <cuda_bf16.h>
+#include "hopper.cuh"
+#include "pdl.cuh"
+
+#define TILE_M 128                // M-rows of a block: 64 per consumer warpgroup, 16 per warp
+#define TILE_N 64                 // keys of a K/V tile
+#define STAGES 2                  // tiles in flight
+#define CONSUMERS 256             // two warpgroups
+#define ATOM 8192                 // bytes of 64 rows x 128 bytes: one 64-column chunk of a tile
+#define NEG_INF (-__int_as_float(0x7f800000))
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);     // lo in the low half: the lower column
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+
+template <int HD>
+__device__ __forceinline__ void attention_hopper(
+        const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ out, const unsigned long long* kv_maps,
+        const int* __restrict__ tiles, const int* __restrict__ block_tables, int table_width, int block_shift,
+        int n_heads, int n_kv_heads, int row_stride) {
+    constexpr int CHUNKS = HD / 64, KSTEPS = HD / 16, DBLOCKS = HD / 8, NBLOCKS = TILE_N / 8;
+    constexpr int STAGE_BYTES = 2 * CHUNKS * ATOM;               // K, then V
+    extern __shared__ unsigned char smem_raw[];
+    __shared__ unsigned long long full[STAGES], empty[STAGES];
+    unsigned char* stages = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);   // 1,024-byte aligned
+    const int* tile = tiles + 4 * blockIdx.x;
+    const int first_row = tile[0], n_rows = tile[1], first_pos = tile[3], g = blockIdx.y;
+    const int group = n_heads / n_kv_heads, last_pos = first_pos + n_rows - 1;
+    const int n_tiles = last_pos / TILE_N + 1;
+    // the warp's index through a shuffle: the compiler then knows it is the same in every lane, so the branches
+    // on it below are not divergent and it need not serialise the wgmma instructions behind them
+    const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0), lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);                    // the producer's arrival, with the bytes it expects
+            mbar_init(&empty[s], CONSUMERS / 32);      // one arrival per consumer warp
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (warp == CONSUMERS / 32) {                      // ---- the producer
+        if (lane != 0) return;
+        const int rows = min(1 << block_shift, TILE_N), in_block = (1 << block_shift) - 1;
+        const int* table = block_tables + static_cast<long long>(tile[2]) * table_width;
+        const unsigned long long* k_map = kv_maps;
+        const unsigned long long* v_map = kv_maps + 16;
+        tensormap_acquire(k_map);
+        tensormap_acquire(v_map);
+        for (int j = 0; j < n_tiles; ++j) {
+            const int s = j % STAGES, k0 = j * TILE_N;
+            mbar_wait(&empty[s], ((j / STAGES) & 1) ^ 1);  // a fresh barrier's "previous" phase counts as done
+            const int copies = (min(TILE_N, last_pos + 1 - k0) + rows - 1) / rows;
+            mbar_arrive_expect_tx(&full[s], copies * rows * HD * 2 * 2);
+            unsigned char* k_tile = stages + s * STAGE_BYTES;
+            for (int c = 0; c < copies; ++c) {
+                const int p = k0 + c * rows;
+                const int slot = (table[p >> block_shift] << block_shift) | (p & in_block);
+#pragma unroll
+                for (int h = 0; h < CHUNKS; ++h) {
+                    tma_load_3d(k_tile + h * ATOM + c * rows * 128, k_map, 64 * h, g, slot, &full[s]);
+                    tma_load_3d(k_tile + (CHUNKS + h) * ATOM + c * rows * 128, v_map, 64 * h, g, slot, &full[s]);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- a consumer: warpgroup c, its warp w (16 M-rows), lane (q, t) as in mma.sync's fragments
+    const int c = warp / 4, w = warp % 4, q = lane / 4, t = lane % 4;
+    const float scale = LOG2E * rsqrtf(static_cast<float>(HD));   // scores in log2 units: exp(x) = exp2(x log2 e)
+    int row[2], head[2], pos[2];                       // this lane's two M-rows: q and q + 8 of the warp's 16
+    bool valid[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int m = 64 * c + 16 * w + q + 8 * i;
+        valid[i] = m < n_rows * group;
+        row[i] = min(m / group, n_rows - 1);           // a spare M-row shadows the last row, and is never written
+        head[i] = g * group + m % group;
+        pos[i] = first_pos + row[i];
+    }
+    unsigned qf[KSTEPS][4];                            // Q as wgmma's A operand, for the whole loop
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {                  // a[e]: M-row e % 2, columns 16 ks + 2t + 8 (e / 2)
+            const int i = e % 2, d = 16 * ks + 2 * t + 8 * (e / 2);
+            qf[ks][e] = valid[i] ? *reinterpret_cast<const unsigned*>(
+                qkv + static_cast<long long>(first_row + row[i]) * row_stride + head[i] * HD + d) : 0u;
+        }
+    }
+    float o[DBLOCKS][4], m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int db = 0; db < DBLOCKS; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
+
+    for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % STAGES, k0 = j * TILE_N;
+        unsigned char* k_tile = stages + s * STAGE_BYTES;
+        unsigned char* v_tile = k_tile + CHUNKS * ATOM;
+        mbar_wait(&full[s], (j / STAGES) & 1);
+
+        float sc[NBLOCKS][4];                          // S for keys k0 + 8 nb + 2t (+1), rows q, q + 8
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {          // 16 dims a step: chunk ks / 4, 32 bytes into its rows
+            const unsigned long long b = smem_desc(k_tile + (ks / 4) * ATOM + (ks % 4) * 32, 16, 1024);
+            wgmma_m64n64k16<0>(sc, qf[ks], b, ks > 0);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        wgmma_settle(sc);
+
+        const bool masked = k0 + TILE_N - 1 > min(pos[0], pos[1]);   // a key here past one of this lane's rows
+#pragma unroll
+        for (int nb = 0; nb < NBLOCKS; ++nb) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = k0 + 8 * nb + 2 * t + (e % 2);
+                sc[nb][e] = masked && key > pos[e / 2] ? NEG_INF : sc[nb][e] * scale;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {                  // the online softmax, per M-row (a quad holds a row)
+            float tile_max = NEG_INF;
+#pragma unroll
+            for (int nb = 0; nb < NBLOCKS; ++nb) tile_max = fmaxf(tile_max, fmaxf(sc[nb][2 * i], sc[nb][2 * i + 1]));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+            const float m_new = fmaxf(m_run[i], tile_max);     // finite: the first tile holds key 0 <= pos
+            const float a = exp2f(m_run[i] - m_new);
+            float p_sum = 0.0f;
+#pragma unroll
+            for (int nb = 0; nb < NBLOCKS; ++nb) {
+                sc[nb][2 * i] = exp2f(sc[nb][2 * i] - m_new);
+                sc[nb][2 * i + 1] = exp2f(sc[nb][2 * i + 1] - m_new);
+                p_sum += sc[nb][2 * i] + sc[nb][2 * i + 1];
+            }
+            p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);
+            p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 2);
+            l_run[i] = a * l_run[i] + p_sum;
+            m_run[i] = m_new;
+#pragma unroll
+            for (int db = 0; db < DBLOCKS; ++db) {
+                o[db][2 * i] *= a;
+                o[db][2 * i + 1] *= a;
+            }
+        }
+
+        const int n_valid = min(TILE_N, last_pos + 1 - k0);
+        if (n_valid < TILE_N) {                        // V past the last key: zeros, 16 bytes a thread, the rows
+            for (int x = threadIdx.x; x < (TILE_N - n_valid) * CHUNKS * 8; x += CONSUMERS) {   // shared by both
+                const int r = n_valid + x / (CHUNKS * 8), chunk = x % (CHUNKS * 8);               // warpgroups
+                uint4* at = reinterpret_cast<uint4*>(v_tile + (chunk / 8) * ATOM + r * 128 + (chunk % 8) * 16);
+                *at = make_uint4(0, 0, 0, 0);
+            }
+            fence_async_shared();                      // visible to wgmma (the async proxy), once every consumer
+            asm volatile("bar.sync 1, 256;" ::: "memory");   // thread has written its share (named barrier 1)
+        }
+        unsigned pf[TILE_N / 16][4];                   // P as wgmma's A operand: S's registers, in bf16, 16 keys
+#pragma unroll                                         // a step (written before the fence, which orders them)
+        for (int kk = 0; kk < TILE_N / 16; ++kk) {
+            pf[kk][0] = pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
+            pf[kk][1] = pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
+            pf[kk][2] = pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            pf[kk][3] = pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < TILE_N / 16; ++kk) {     // O += P V, 16 keys a step: V rows 16 kk .. 16 kk + 15
+            const unsigned long long b = smem_desc(v_tile + kk * 16 * 128, ATOM, 1024);
+            if constexpr (HD == 64) {
+                wgmma_m64n64k16<1>(o, pf[kk], b, 1);
+            } else {
+                wgmma_m64n128k16<1>(o, pf[kk], b, 1);
+            }
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        wgmma_settle(o);
+        if (lane == 0) mbar_arrive(&empty[s]);         // this warp is done with stage s
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (!valid[i]) continue;
+        const float inv = 1.0f / l_run[i];
+        __nv_bfloat16* dst = out + static_cast<long long>(first_row + row[i]) * n_heads * HD + head[i] * HD;
+#pragma unroll
+        for (int db = 0; db < DBLOCKS; ++db) {
+            *reinterpret_cast<__nv_bfloat162*>(dst + 8 * db + 2 * t) =
+                __floats2bfloat162_rn(o[db][2 * i] * inv, o[db][2 * i + 1] * inv);
+        }
+    }
+}
+
+#define INSTANTIATE(HD)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(CONSUMERS + 32) attention_hopper_hd##HD(                          \
+            const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ out,                                \
+            const unsigned long long* kv_maps, const int* __restrict__ tiles,                                      \
+            const int* __restrict__ block_tables, int table_width, int block_shift, int n_heads, int n_kv_heads,   \
+            int row_stride) {                                                                                      \
+        begin_after_previous();                                                                                    \
+        attention_hopper<HD>(qkv, out, kv_maps, tiles, block_tables, table_width, block_shift, n_heads,           \
+                             n_kv_heads, row_stride);                                                              \
+    }
+INSTANTIATE(64)
+INSTANTIATE(128)

@@ -1,0 +1,145 @@
+// sampling.cu: the next token of every sequence of a batch, on the GPU; only the chosen ids (4 bytes each) leave
+// it. Each row samples with its sequence's parameters (temperature, top_k, top_p, seed), kept per seq_slot and
+// written once when the sequence is admitted: row r reads them at logit_seq_slots[r]; its counter is counters[r].
+//
+//   greedy (temperature == 0):  token = argmax_i l_i, the first index on ties; greedy_ids[r] where given (the LM
+//                               head found it while it computed the logits: gemv.cu's gemv_norm_head)
+//   otherwise:                  q_i = exp((l_i - max l) / T)                      (softmax(l / T), unnormalised)
+//     kept set S: the most likely tokens, at most top_k of them (0 = no limit), and no more than the smallest
+//                 such prefix whose probability reaches top_p;  token ~ q_i / sum_{j in S} q_j over S
+//   logits (n, V) fp32; per seq_slot (S,): temperature, top_p fp32, top_k int32, seed uint64; per row (n,):
+//   logit_seq_slots (each < S), counter, out int32.
+//
+// Finding S without sorting V = 128256 values: S is every token whose logit is >= a cutoff c, and c is the
+// largest value for which  count(l >= c) >= top_k  or  mass(l >= c) >= top_p * sum_i q_i  still holds (both
+// shrink as c grows, so "largest c with either" is the larger of the two cutoffs: the smaller set). Floats map
+// to uint32 keys in the same order, so c is found by bisection over the 2^32 keys: 32 passes over the row,
+// each a count and a mass summed by the block. (All tokens tied with c at the cutoff are kept.)
+//
+// The draw: u = hash(seed, counter) in [0, 1), counter = the request's number of tokens generated so far. This
+// is a counter-based generator: the n-th draw of a request depends only on (seed, n), no state is carried, and
+// the same seed gives the same tokens. Then token = the first i (in index order) where the running kept mass
+// exceeds u * mass(S): each thread owns a contiguous chunk of the row, a block scan gives every chunk its
+// starting mass, and the one chunk that holds the target walks its elements.
+//
+// Launch: grid n, block 1024 (THREADS); block r samples row r. The row is read from L2 once per pass. Greedy is
+// one pass (it was two, a max then the first index holding it: 33 us a row at batch 1, measured by
+// common.profile), so a batch's greedy rows cost little next to its sampled ones.
+#include "block_reduce.cuh"
+#include "pdl.cuh"
+
+#define THREADS 1024
+
+__device__ unsigned int order_key(float f) {   // a < b  <=>  order_key(a) < order_key(b) (non-NaN floats)
+    const unsigned int u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ float uniform01(unsigned long long seed, unsigned long long counter) {   // splitmix64 finaliser
+    unsigned long long z = seed + (counter + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);                      // 24 bits: [0, 1)
+}
+
+extern "C" __global__ void sample_tokens(const float* __restrict__ all_logits, int vocab,
+                                         const float* __restrict__ temperatures, const int* __restrict__ top_ks,
+                                         const float* __restrict__ top_ps, const unsigned long long* __restrict__ seeds,
+                                         const int* __restrict__ logit_seq_slots, const int* __restrict__ counters,
+                                         const int* __restrict__ greedy_ids, int* __restrict__ out_ids) {
+    begin_after_previous();
+    __shared__ float scratch[32];
+    __shared__ int iscratch[32];
+    __shared__ float chunk_start[THREADS];
+    __shared__ int chosen;
+    const int tid = threadIdx.x, row = blockIdx.x, ps = logit_seq_slots[row];
+    const float* logits = all_logits + static_cast<long long>(row) * vocab;
+    const float temperature = temperatures[ps], top_p = top_ps[ps];
+    const int top_k = top_ks[ps];
+    const unsigned long long seed = seeds[ps], counter = static_cast<unsigned long long>(counters[row]);
+    int* out = out_ids + row;
+
+    if (temperature == 0.0f && greedy_ids) {
+        if (tid == 0) *out = greedy_ids[row];
+        return;
+    }
+    if (temperature == 0.0f) {      // greedy, in one pass: each thread's max and the first index holding it,
+        float best = NEG_INF;       // then the block's max and the smallest index among threads that hold it
+        int first = 0x7fffffff;
+#pragma unroll 8
+        for (int i = tid; i < vocab; i += THREADS) {
+            const float l = logits[i];
+            if (l > best || (first == 0x7fffffff && l == best)) { best = l; first = i; }
+        }
+        const float lmax = block_reduce(best, MaxOp(), scratch);
+        first = block_reduce(best == lmax ? first : 0x7fffffff, MinIntOp(), iscratch);
+        if (tid == 0) *out = first;
+        return;
+    }
+    float lmax = NEG_INF;
+#pragma unroll 8
+    for (int i = tid; i < vocab; i += THREADS) lmax = fmaxf(lmax, logits[i]);
+    lmax = block_reduce(lmax, MaxOp(), scratch);
+    const float inv_t = 1.0f / temperature;
+    const int k = (top_k <= 0 || top_k > vocab) ? vocab : top_k;
+
+    // mass and count of {i : key(l_i) >= cut}, summed by the block
+    auto kept = [&](unsigned int cut, float& mass) {
+        float m = 0.0f;
+        int c = 0;
+        for (int i = tid; i < vocab; i += THREADS) {
+            const float l = logits[i];
+            if (order_key(l) >= cut) { m += __expf((l - lmax) * inv_t); ++c; }
+        }
+        mass = block_reduce(m, SumOp(), scratch);
+        return static_cast<int>(block_reduce(static_cast<float>(c), SumOp(), scratch));
+    };
+    float total;
+    kept(0u, total);
+    unsigned int cut = 0u;                               // invariant: the predicate holds at `cut`
+    float kept_mass = total;
+    if (k < vocab || top_p < 1.0f) {
+        unsigned int hi = 0xffffffffu;
+        while (cut < hi) {
+            const unsigned int mid = cut + static_cast<unsigned int>((1ull + hi - cut) / 2);  // no wrap at 2^32
+            float mass;
+            const int count = kept(mid, mass);
+            if (count >= k || mass >= top_p * total) { cut = mid; kept_mass = mass; } else { hi = mid - 1u; }
+        }
+    }
+
+    // draw: first index whose running kept mass exceeds target (index order, one contiguous chunk per thread)
+    const float target = uniform01(seed, counter) * kept_mass;
+    const int chunk = (vocab + THREADS - 1) / THREADS, lo = tid * chunk, hi_i = min(lo + chunk, vocab);
+    float mine = 0.0f;
+    int last_kept = -1;
+    for (int i = lo; i < hi_i; ++i) {
+        const float l = logits[i];
+        if (order_key(l) >= cut) { mine += __expf((l - lmax) * inv_t); last_kept = i; }
+    }
+    chunk_start[tid] = mine;
+    if (tid == 0) chosen = 0x7fffffff;
+    __syncthreads();
+    for (int offset = 1; offset < THREADS; offset <<= 1) {   // inclusive scan (Hillis-Steele), then shift
+        const float add = tid >= offset ? chunk_start[tid - offset] : 0.0f;
+        __syncthreads();
+        chunk_start[tid] += add;
+        __syncthreads();
+    }
+    const float start = chunk_start[tid] - mine;
+    if (mine > 0.0f && target >= start && target < chunk_start[tid]) {
+        float run = start;
+        int pick = last_kept;
+        for (int i = lo; i < hi_i; ++i) {
+            const float l = logits[i];
+            if (order_key(l) >= cut) {
+                run += __expf((l - lmax) * inv_t);
+                if (run > target) { pick = i; break; }
+            }
+        }
+        atomicMin(&chosen, pick);
+    }
+    const int fallback = block_reduce(last_kept, MaxIntOp(), iscratch);   // rounding left target past the end
+    if (tid == 0) *out = chosen != 0x7fffffff ? chosen : fallback;
+}
