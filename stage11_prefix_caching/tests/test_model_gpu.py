@@ -9,7 +9,8 @@ import pytest
 from common.checkpoint import Checkpoint
 from common.reference import ReferenceEngine, ReferenceModel
 from common.sampling import SamplingParams
-from common.testing import NEAR_TIE, agreement_line, check_greedy, rel_l2, rel_l2_rows, top1_margin
+from common.testing import (NEAR_TIE, agreement_line, check_greedy, check_reference_greedy, decided_steps, rel_l2,
+                            rel_l2_rows, top1_margin)
 
 pytestmark = pytest.mark.gpu
 CHECKPOINTS = ["tiny_dir", "small_dir", "tiny_untied_dir", "tiny_sharded_dir"]
@@ -59,8 +60,8 @@ def test_a_prompt_prefilled_in_chunks_gives_the_logits_of_one_forward(tiny_dir, 
     print(f"chunks of {chunk}: rel L2 against one forward {rel_l2(chunked, whole):.2e}, against the reference "
           f"{rel_l2(chunked, want):.2e}")
     assert rel_l2(chunked, whole) < 2e-2 and rel_l2(chunked, want) < 2e-2
-    assert np.array_equal(chunked.argmax(-1)[top1_margin(want) >= NEAR_TIE], whole.argmax(-1)[top1_margin(want)
-                                                                                            >= NEAR_TIE])
+    decided = decided_steps(chunked, want) & decided_steps(whole, want)   # where neither run's rounding can turn
+    assert decided.mean() > 0.5 and np.array_equal(chunked.argmax(-1)[decided], whole.argmax(-1)[decided])
 
 
 UNEVEN = [(60, 20), (25, 24), (41, 3), (9, 9), (70, 1)]    # (sequence length, prompt length): uneven both ways
@@ -114,7 +115,7 @@ def test_the_fused_layer_matches_the_reference_and_the_unfused_one(shape, tmp_pa
     from .. import Engine
 
     folder = write_checkpoint(replace(PRESETS["tiny"], num_hidden_layers=2, **FUSED_SHAPES[shape]), tmp_path / shape)
-    engine = Engine(str(folder), max_model_len=128, max_num_seqs=8, enforce_eager=True)
+    engine = Engine(str(folder), max_model_len=128, max_num_seqs=8, enforce_eager=True, num_gpu_blocks=64)
     assert engine.model.fusable
     seqs = [prompt_ids(n, seed=5 + i) for i, (n, _) in enumerate(UNEVEN)]
     ref = ReferenceModel(Checkpoint(folder))
@@ -198,8 +199,9 @@ def test_more_requests_than_max_num_seqs_wait_and_take_freed_seq_slots(tiny_dir,
     assert s.slot_steps_held == s.slot_steps_used + (10 if async_scheduling else 0)
     assert max(s.decode_rows) <= 4 and not engine.has_unfinished_requests()
     assert sorted(engine.llm.scheduler._free) == [0, 1, 2, 3]
-    alone = [engine.generate(p, sp)[0].token_ids for p, sp in zip(prompts, params)]
-    assert [o.token_ids for o in outs] == alone
+    want = ReferenceEngine(str(tiny_dir), max_model_len=256).generate(prompts, params)   # by the greedy rule: a
+    check_reference_greedy(engine, ReferenceModel(Checkpoint(tiny_dir)), outs, want, "four seq_slots")   # step's
+    #                                                     rows may take the fused kernels at one size, not another
 
 
 def test_generation_stops_on_stop_ids_and_max_model_len(tiny_dir, engines):
