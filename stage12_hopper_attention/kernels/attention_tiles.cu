@@ -55,6 +55,7 @@
 //   out (R, nh HD) bf16, the tiles' rows written; partial (n_tiles, n_splits, nh, HD + 2) f32 and arrivals
 //   (n_tiles, nkv) i32 as in attention_rows.cu (n_splits > 1). HD = 64 or 128 (the instantiations below); G <= 64.
 #include <cuda_bf16.h>
+#include "online_softmax.cuh"
 #include "pdl.cuh"
 #include "split_combine.cuh"
 
@@ -188,32 +189,7 @@ __device__ __forceinline__ void attention_tile(
                     s[nb][e] = diagonal && key > pos[e / 2] ? NEG_INF : s[nb][e] * scale;
                 }
             }
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {                               // the online softmax, per M-row
-                float tile_max = NEG_INF;
-#pragma unroll
-                for (int nb = 0; nb < NBLOCKS; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[nb][2 * i], s[nb][2 * i + 1]));
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));   // the quad holds the row
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-                const float m_new = fmaxf(m_run[i], tile_max);         // finite: the first tile has a key <= pos
-                const float a = exp2f(m_run[i] - m_new);
-                float p_sum = 0.0f;
-#pragma unroll
-                for (int nb = 0; nb < NBLOCKS; ++nb) {
-                    s[nb][2 * i] = exp2f(s[nb][2 * i] - m_new);
-                    s[nb][2 * i + 1] = exp2f(s[nb][2 * i + 1] - m_new);
-                    p_sum += s[nb][2 * i] + s[nb][2 * i + 1];
-                }
-                p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);
-                p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 2);
-                l_run[i] = a * l_run[i] + p_sum;
-                m_run[i] = m_new;
-#pragma unroll
-                for (int db = 0; db < DBLOCKS; ++db) {
-                    o[db][2 * i] *= a;
-                    o[db][2 * i + 1] *= a;
-                }
-            }
+            online_softmax_step(s, m_run, l_run, o);        // the rows' max and sum; O rescaled
 #pragma unroll
             for (int kk = 0; kk < TILE_N / 16; ++kk) {                  // O += P V, 16 keys a step
                 const unsigned pf[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),

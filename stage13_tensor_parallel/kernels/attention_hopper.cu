@@ -37,6 +37,7 @@
 // block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows written. G <= 32.
 #include <cuda_bf16.h>
 #include "hopper.cuh"
+#include "online_softmax.cuh"
 #include "pdl.cuh"
 
 #define TILE_M 128                // M-rows of a block: 64 per consumer warpgroup, 16 per warp
@@ -158,32 +159,7 @@ __device__ __forceinline__ void attention_hopper(
                 sc[nb][e] = masked && key > pos[e / 2] ? NEG_INF : sc[nb][e] * scale;
             }
         }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {                  // the online softmax, per M-row (a quad holds a row)
-            float tile_max = NEG_INF;
-#pragma unroll
-            for (int nb = 0; nb < NBLOCKS; ++nb) tile_max = fmaxf(tile_max, fmaxf(sc[nb][2 * i], sc[nb][2 * i + 1]));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-            const float m_new = fmaxf(m_run[i], tile_max);     // finite: the first tile holds key 0 <= pos
-            const float a = exp2f(m_run[i] - m_new);
-            float p_sum = 0.0f;
-#pragma unroll
-            for (int nb = 0; nb < NBLOCKS; ++nb) {
-                sc[nb][2 * i] = exp2f(sc[nb][2 * i] - m_new);
-                sc[nb][2 * i + 1] = exp2f(sc[nb][2 * i + 1] - m_new);
-                p_sum += sc[nb][2 * i] + sc[nb][2 * i + 1];
-            }
-            p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);
-            p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 2);
-            l_run[i] = a * l_run[i] + p_sum;
-            m_run[i] = m_new;
-#pragma unroll
-            for (int db = 0; db < DBLOCKS; ++db) {
-                o[db][2 * i] *= a;
-                o[db][2 * i + 1] *= a;
-            }
-        }
+        online_softmax_step(sc, m_run, l_run, o);      // the rows' max and sum; O rescaled
 
         const int n_valid = min(TILE_N, last_pos + 1 - k0);
         if (n_valid < TILE_N) {                        // V past the last key: zeros, 16 bytes a thread, the rows

@@ -1,0 +1,39 @@
+// online_softmax.cuh: one tile's step of the online softmax (attention_rows.cu proves it) for the two M-rows a lane
+// holds in an MMA fragment, shared by attention_tiles.cu (mma.sync) and attention_hopper.cu (wgmma): both keep
+// S and O in the same places (lane 4q + t: rows q and q + 8, columns 8 nb + 2t, +1), so the step is the same.
+//
+//   s (NB x 4)   the tile's scores in log2 units, masked (-inf); becomes P = exp2(s - m_new)
+//   m, l (2)     the rows' running max and sum; o (DB x 4) their running output, scaled by exp2(m - m_new)
+// The four lanes of a quad hold a row: its max and sum take two shuffles each.
+#pragma once
+
+template <int NB, int DB>
+__device__ __forceinline__ void online_softmax_step(float (&s)[NB][4], float (&m)[2], float (&l)[2],
+                                                    float (&o)[DB][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float tile_max = -__int_as_float(0x7f800000);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[nb][2 * i], s[nb][2 * i + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float m_new = fmaxf(m[i], tile_max);    // finite: the first tile holds a key at or before the row
+        const float a = exp2f(m[i] - m_new);
+        float p_sum = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            s[nb][2 * i] = exp2f(s[nb][2 * i] - m_new);
+            s[nb][2 * i + 1] = exp2f(s[nb][2 * i + 1] - m_new);
+            p_sum += s[nb][2 * i] + s[nb][2 * i + 1];
+        }
+        p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);
+        p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 2);
+        l[i] = a * l[i] + p_sum;
+        m[i] = m_new;
+#pragma unroll
+        for (int db = 0; db < DB; ++db) {
+            o[db][2 * i] *= a;
+            o[db][2 * i + 1] *= a;
+        }
+    }
+}
