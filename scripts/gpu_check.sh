@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 date -u | tee -a "$logs/gpu.txt"
 if want tests; then
   run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rsP ${TEST_ARGS:-} ${TEST_PATHS:-}
-  for st in ${CLI_STAGES-01 02 03 04 05 06 07 08 09 10 11 12}; do   # CLI_STAGES="": no CLI runs
+  for st in ${CLI_STAGES-01 02 03 04 05 06 07 08 09 10 11 12 13}; do   # CLI_STAGES="": none
     if [ "$st" = 01 ]; then args=(); else args=(--max-tokens 24 --seed 1); fi
     run "cli-$st" python3 -m "$(basename stage${st}_*)" --prompt "Hello, world!" --chat "${args[@]}"
   done
