@@ -98,7 +98,8 @@ class Model:
         # tiles of 128 M-rows; else attention_tiles.cu's of 64 (0: this head_dim takes every row alone)
         self.hopper = kernels.hopper_prefill(hd, block_size)
         self.tile_rows = HOPPER_TILE_M // (nh // nkv) if self.hopper else tile_rows(nh, nkv, hd)
-        self.kv_maps: DeviceArray | None = None             # the cache's TMA tensor maps, with the cache
+        self.kv_maps: DeviceArray | None = None             # the cache's TMA tensor maps, with the cache, and
+        self.layer_maps: list[DeviceArray] = []             # each layer's two of them (K, V), viewed once
         self.partial_rows = PARTIAL_ROWS_PER_SEQ * B        # flash-decoding's (decode tile, split) pairs, at most
         self.partial = gpu.empty((self.partial_rows * nh * (hd + 2),), "f32")
         self.arrivals = gpu.empty((self.partial_rows * nkv,), "i32")   # a split row's blocks done, per K/V head:
@@ -145,6 +146,7 @@ class Model:
         self.cache = KVCache(self.config, num_blocks, self.block_size, self.gpu)
         if self.hopper:
             self.kv_maps = kv_tensor_maps(self.gpu, self.cache)
+            self.layer_maps = [self.kv_maps.view(2 * i * 128, (2, 16)) for i in range(len(self.layers))]
 
     def _layer_weights(self, i: int) -> dict[str, DeviceArray]:
         w, p = self.weights, f"model.layers.{i}."
@@ -265,8 +267,8 @@ class Model:
             self.project_qkv(i, R, fused, (positions, slot_mapping))
             k_cache, v_cache = self.cache.layer(i)
             if prompt_tiles is not None and self.hopper:
-                k.attention_hopper(qkv, attn, self.kv_maps.view(2 * i * 128, (2, 16)), prompt_tiles,
-                                   self.block_tables, nh, nkv, hd, self.block_size)
+                k.attention_hopper(qkv, attn, self.layer_maps[i], prompt_tiles, self.block_tables, nh, nkv, hd,
+                                   self.block_size)
             elif prompt_tiles is not None:
                 k.attention(qkv, k_cache, v_cache, attn, self.partial, self.arrivals, prompt_tiles,
                             self.block_tables, nh, nkv, hd)
