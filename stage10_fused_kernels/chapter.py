@@ -7,15 +7,16 @@ point of its day); the tables label such a column "before the split" and name th
 and says which tree it ran. A table whose figures would come from this stage's own tree says, in generated text,
 whether that tree has been measured yet and which command measures it.
 
-  profile-before   a batch-1 decode step of the previous stage's kernels, group by group against its floor (until
-                   that stage is profiled: the first profile of the tree with graphs, before any kernel fix)
-  kernel-history   every committed batch-1 profile of this stage's code with graphs: one column a run, each kernel
-                   group's time on the critical path against its floor
+  profile-before   a batch-1 decode step of the previous stage's kernels, group by group against its floor, on the
+                   GPU of this stage's first profile (until that stage is profiled there: the first profile of the
+                   tree with graphs, before any kernel fix)
+  kernel-history   every committed batch-1 profile of this stage's code with graphs, a table a GPU: one column a
+                   run (first, the previous stage's newest on that GPU, where there is one), each kernel group's
+                   time on the critical path against its floor
   step-split       bench_batch.py's test_decode_step_split: a decode step's wall time, its replay's GPU time,
                    the loop's host time and the floor
-  harness          the newest harness runs of `latency`, `batch` and `ragged` that hold this stage: every engine
-                   of each run, medians of its repeats with their spread
-  latency-history  every committed `latency` run that holds this stage: its step beside the run's other engines
+  harness          the newest harness runs of `latency`, `batch` and `ragged` that hold this stage, on the GPU of
+                   the newest `latency` run: every engine of each run, medians of its repeats with their spread
 """
 from __future__ import annotations
 
@@ -82,11 +83,20 @@ def _totals(runs: list[dict]) -> list[str]:
     return lines
 
 
+def _by_gpu(runs: list, gpu) -> dict[str, list]:
+    """`runs` grouped by the GPU that ran each (gpu(run) names it), in the order the GPUs first appear."""
+    groups: dict[str, list] = {}
+    for run in runs:
+        groups.setdefault(gpu(run), []).append(run)
+    return groups
+
+
 def profile_before() -> str:
-    """A batch-1 step of the previous stage's kernels, group by group: its newest profile, or until it has one, the
-    first profile of the tree this stage was cut from with graphs, taken before any kernel of its own existed.
-    Each group's share of the step shows where the time went; its floor, what it must at least take."""
-    previous = [nq for nq in _loaded(f"*_profile-{PREV_NN}-b1_*.json") if nq[1]["stage"] == PREVIOUS]
+    """A batch-1 step of the previous stage's kernels, group by group: its newest profile on the GPU of this stage's
+    first (where the chapter's story was measured), or until it has one there, the first profile of the tree this
+    stage was cut from with graphs, taken before any kernel of its own existed. Each group's share of the step
+    shows where the time went; its floor, what it must at least take."""
+    previous = _previous_profiles(_profiles(1)[0][1]["gpu"])
     name, p = previous[-1] if previous else _profiles(1)[0]
     what = f"`{PREVIOUS}`" if previous else "the tree this stage was cut from, with graphs and no kernel of its own yet"
     total = p.get("exposed_us", p["busy_us"])
@@ -107,16 +117,32 @@ def profile_before() -> str:
     return "\n".join(lines)
 
 
+def _previous_profiles(gpu: str) -> list[tuple[str, dict]]:
+    """The previous stage's batch-1 profiles on `gpu`, oldest first."""
+    return [nq for nq in _loaded(f"*_profile-{PREV_NN}-b1_*.json") if nq[1]["stage"] == PREVIOUS and nq[1]["gpu"] == gpu]
+
+
 def kernel_history() -> str:
-    """Every batch-1 profile with graphs, a column a run, oldest first, each labelled by its time and keyed to its
-    log folder below the table; a group a run does not have (rope and kv_write once fused) is '-'."""
-    named = _profiles(1)
+    """Every batch-1 profile with graphs, a table a GPU (floors and times are the GPU's own), a column a run, oldest
+    first, each labelled by its time and keyed to its log folder below the table; a group a run does not have
+    (rope and kv_write once fused) is '-'."""
+    tables = [_history_table(_previous_profiles(gpu)[-1:] + named)
+              for gpu, named in _by_gpu(_profiles(1), lambda np_: np_[1]["gpu"]).items()]
+    if all(_before_split(p) for _, p in _profiles(1)):
+        tables.append(_not_measured(f"`{STAGE}`'s own tree", f"PROFILE_RUNS='{NN}:1 {NN}:64' bash "
+                                                            "scripts/gpu_check.sh LOGS profile"))
+    return "\n\n".join(tables)
+
+
+def _history_table(named: list[tuple[str, dict]]) -> str:
     runs = [p for _, p in named]
-    labels = [p["date"][11:16] + ("" if _before_split(p) else f", {p['date'][:10]}") for p in runs]
+    labels = [(f"`{p['stage']}` " if p["stage"] != STAGE else "") + p["date"][11:16]
+              + ("" if _before_split(p) else f", {p['date'][:10]}") for p in runs]
+    before = (f" A column labelled by its time alone ran the tree before the split, on {runs[0]['date'][:10]}, at the "
+              "point its log folder (below) describes." if any(_before_split(p) for p in runs) else "")
     lines = [f"Batch 1, {runs[0]['cache_length']} cached positions, {runs[0]['gpu']}: us a decode step on the critical "
-             f"path, the median of {runs[0]['steps']} steps; floors at the copy bandwidth measured in the first run. "
-             f"A column labelled by its time alone ran the tree before the split, on {runs[0]['date'][:10]}, at the "
-             "point its log folder (below) describes:", "",
+             f"path, the median of {runs[0]['steps']} steps; floors at the copy bandwidth measured in the first "
+             f"run.{before}", "",
              "| kernels | floor | " + " | ".join(labels) + " |", "|" + " --- |" * (len(runs) + 2)]
     for group in ORDER:
         ran = [p["groups"][group] for p in runs if p["groups"].get(group, {}).get("us")]
@@ -127,13 +153,12 @@ def kernel_history() -> str:
     lines.append("| GEMMs through gemv.cu (M x N x K) | | " + " | ".join(
         ", ".join("x".join(map(str, s)) for s in p["gemv_shapes"]) or "none" if "gemv_shapes" in p
         else "not recorded" for p in runs) + " |")
-    lines.append("| GEMMs through a timed cuBLASLt algorithm | | " + " | ".join(
-        ", ".join(p["cublaslt_shapes"]) or "none" if "cublaslt_shapes" in p else "not recorded" for p in runs) + " |")
+    if any("cublaslt_shapes" in p for p in runs):
+        lines.append("| GEMMs through a timed cuBLASLt algorithm | | " + " | ".join(
+            ", ".join(p["cublaslt_shapes"]) or "none" if "cublaslt_shapes" in p else "not recorded" for p in runs)
+            + " |")
     lines += ["", "The runs' log folders: " + "; ".join(f"{label} {_log_folder(n)}" for label, (n, _) in
                                                      zip(labels, named)) + "."]
-    if all(_before_split(p) for p in runs):
-        lines += ["", _not_measured(f"`{STAGE}`'s own tree", f"PROFILE_RUNS='{NN}:1 {NN}:64' bash "
-                                                                "scripts/gpu_check.sh LOGS profile")]
     return "\n".join(lines)
 
 
@@ -168,7 +193,7 @@ def step_split() -> str:
 # ---------------------------------------------------------------------------------------------------- the harness
 FIGURES = {"latency": [("ms per decode step", "ms_per_decode_step", "{:.3f}"),
                        ("ms to the first token", "ttft_ms", "{:.1f}")],
-           "batch": [(f"output tok/s, B = {b}", f"output_tok_per_s_at_B{b}", "{:,.0f}") for b in (1, 8, 32, 64)],
+           "batch": [(f"output tok/s, B = {b}", f"output_tok_per_s_at_B{b}", "{:,.0f}") for b in (1, 8, 32, 64, 128, 256)],
            "ragged": [("output tok/s", "output_tok_per_s", "{:,.0f}"), ("ms per decode step", "ms_per_decode_step",
                                                                        "{:.2f}")]}
 
@@ -185,9 +210,10 @@ def _figure(s: dict | None, key: str, fmt: str) -> str:
 
 
 def harness() -> str:
-    """The newest run of each workload that holds this stage, every engine of it; the floor of a batch-1 step
-    reads the weights once at the copy bandwidth that run measured."""
-    newest = {w: _with_stage(w)[-1] for w in HARNESS}
+    """The newest run of each workload that holds this stage on the GPU of the newest `latency` run, every engine
+    of it; the floor of a batch-1 step reads the weights once at the copy bandwidth that run measured."""
+    gpu = _with_stage("latency")[-1][1]["environment"]["gpu"]
+    newest = {w: on[-1] for w in HARNESS if (on := [nr for nr in _with_stage(w) if nr[1]["environment"]["gpu"] == gpu])}
     engines = list(dict.fromkeys(e for _, r in newest.values() for e in r["stages"]))
     lines = ["| workload | figure | " + " | ".join(f"`{e}`" for e in engines) + " |",
              "|" + " --- |" * (len(engines) + 2)]
@@ -210,19 +236,5 @@ def harness() -> str:
     return "\n".join(lines)
 
 
-def latency_history() -> str:
-    """Every `latency` run holding this stage, oldest first: this stage's step, the other engines' in the same
-    run (a slow host shows in theirs), and the log folder that says which tree ran."""
-    lines = ["| run | this stage's step (min-max) | the run's other engines | floor | log folder |",
-             "|" + " --- |" * 5]
-    for name, r in _with_stage("latency"):
-        s = r["stages"][STAGE]
-        others = ", ".join(f"{e} {x['ms_per_decode_step']:.2f}" for e, x in r["stages"].items() if e != STAGE)
-        floor = s["weight_bytes"] / r["environment"]["copy_bandwidth_gb_per_s"] / 1e6
-        lines.append(f"| {r['date']} {r.get('time', '')[:5]} | {_figure(s, 'ms_per_decode_step', '{:.3f}')} ms | "
-                     f"{others} | {floor:.2f} ms | {_log_folder(name)} |")
-    return "\n".join(lines)
-
-
 GENERATORS = {"profile-before": profile_before, "kernel-history": kernel_history, "step-split": step_split,
-              "harness": harness, "latency-history": latency_history}
+              "harness": harness}
