@@ -1,10 +1,10 @@
-"""Test plumbing for every folder: the `gpu` marker skips with the reason where no CUDA device exists,
-and session-wide synthetic checkpoints (written once into a temporary folder)."""
+"""Test plumbing for every folder: the `gpu` marker skips with the reason where no CUDA device exists, the
+`multigpu` marker where there are fewer than two, and session-wide synthetic checkpoints (written once into a temporary folder)."""
 from pathlib import Path
 
 import pytest
 
-from common.device import has_gpu
+from common.device import gpu_count, has_gpu
 
 ROOT = Path(__file__).parent
 LLAMA3_TOKENIZER = ROOT.parent / "shared" / "llama3-tokenizer"
@@ -12,12 +12,12 @@ LLAMA3_TOKENIZER = ROOT.parent / "shared" / "llama3-tokenizer"
 
 def pytest_collection_modifyitems(config, items):
     ok, why = has_gpu()
-    if ok:
-        return
-    skip = pytest.mark.skip(reason=f"no GPU: {why}")
+    gpus = gpu_count() if ok else 0
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not ok:
+            item.add_marker(pytest.mark.skip(reason=f"no GPU: {why}"))
+        elif "multigpu" in item.keywords and gpus < 2:
+            item.add_marker(pytest.mark.skip(reason=f"{gpus} GPU on this machine: the test splits a model over 2"))
 
 
 def _write(tmp_path_factory, name, **kw):

@@ -93,10 +93,12 @@ def sampling_params(args) -> SamplingParams:
 
 
 def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], argv=None,
-                  cpu_engine: Callable[[str, int | None], object] | None = None) -> int:
+                  cpu_engine: Callable[[str, int | None], object] | None = None,
+                  engine_flags: Callable[[argparse.ArgumentParser], list[str]] | None = None) -> int:
     """The generating CLI of a stage whose GPU engine `gpu_engine(model, max_model_len)` builds. Without a GPU:
     `cpu_engine(model, max_model_len)`, the stage's own loop over the numpy forward (stage05 on), or else the
-    plain numpy reference engine."""
+    plain numpy reference engine. `engine_flags(parser)` adds a stage's own engine flags and returns their names,
+    which go to either engine as keyword arguments."""
     ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=__doc__.split("\n\n")[0])
     add_model_flags(ap)
     ap.add_argument("--prompt", required=True, help="the text to continue (or, with --chat, the user's message)")
@@ -111,7 +113,9 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
     ap.add_argument("--seed", type=int, default=None, help="the sampler's seed (default: a random one)")
     ap.add_argument("--max-model-len", type=int, default=None,
                     help="prompt and output tokens at most (default: the model's, at most 4096)")
+    options = engine_flags(ap) if engine_flags else []
     args = ap.parse_args(argv)
+    options = {name: getattr(args, name) for name in options}
     on_gpu = probe_gpu()[0]
     model = default_model(args.model, on_gpu)
     show = for_terminal if sys.stdout.isatty() else str      # a pipe or file gets the text as generated
@@ -124,9 +128,9 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
             print(no_gpu_line(f"running {what} on {model} instead", args.verbose))
         announce_preset(model)
         if on_gpu:
-            engine = gpu_engine(model, args.max_model_len)
+            engine = gpu_engine(model, args.max_model_len, **options)
         else:
-            engine = numpy_engine(model, args.max_model_len, cpu_engine)
+            engine = numpy_engine(model, args.max_model_len, cpu_engine, **options)
         tok = engine.prompts.tokenizer
         prompt = tok.encode_chat(args.prompt) if args.chat else args.prompt
         text = tok.stream()
@@ -144,9 +148,10 @@ def generate_main(prog: str, gpu_engine: Callable[[str, int | None], object], ar
     return 0
 
 
-def numpy_engine(model: str, max_model_len: int | None, cpu_engine=None):
+def numpy_engine(model: str, max_model_len: int | None, cpu_engine=None, **options):
     """The engine without a GPU, on the given model validated first (a large model is announced as slow): the
-    stage's `cpu_engine`, or the plain numpy reference where the stage has none."""
+    stage's `cpu_engine` (with the stage's own engine `options`), or the plain numpy reference where the stage has
+    none."""
     from common.reference import ReferenceEngine
 
     config = Checkpoint(resolve_model(model)).config      # every validation error, before any weight is read
@@ -154,4 +159,4 @@ def numpy_engine(model: str, max_model_len: int | None, cpu_engine=None):
     if n > LARGE_FOR_NUMPY:
         print(f"note: {n / 1e9:.2f}B parameters in float32 on the CPU ({4 * n / 1e9:.1f} GB of memory); "
               "expect seconds per token")
-    return (cpu_engine or ReferenceEngine)(model, max_model_len=max_model_len)
+    return (cpu_engine or ReferenceEngine)(model, max_model_len=max_model_len, **options)

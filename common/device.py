@@ -67,6 +67,14 @@ def probe_gpu() -> tuple[bool, str, str]:
         return False, "no NVIDIA driver on this machine", f"{type(e).__name__}: {e}"
 
 
+def gpu_count() -> int:
+    """CUDA devices the driver sees (0 where there is no driver or none)."""
+    if not probe_gpu()[0]:
+        return 0
+    driver = _driver()
+    return check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+
+
 def has_gpu() -> tuple[bool, str]:
     """(True, device name) when a CUDA device is usable, else (False, the reason in one line)."""
     return probe_gpu()[:2]
@@ -206,6 +214,21 @@ class Gpu:
         attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         handle = getattr(kernel, "handle", None) or kernel._handle
         check(driver.cuKernelSetAttribute(attribute, nbytes, handle, self.device.device_id), "cuKernelSetAttribute")
+
+    def copy_columns(self, dst: DeviceArray, first_col: int, src: DeviceArray) -> None:
+        """dst[:, first_col:first_col + c] = src on the stream, for row-major dst (n, C) and src (n, c) of one
+        dtype: one strided copy (cuMemcpy2DAsync), which a graph captures like a kernel."""
+        driver = _driver()
+        (n, C), (rows, c), size = dst.shape, src.shape, DTYPES[src.dtype][0]
+        if dst.dtype != src.dtype or rows != n or not 0 <= first_col <= C - c:
+            raise ValueError(f"copy_columns: {src.shape} {src.dtype} does not fit {dst.shape} {dst.dtype} at column "
+                             f"{first_col}")
+        copy = driver.CUDA_MEMCPY2D()
+        copy.srcMemoryType = copy.dstMemoryType = driver.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        copy.srcDevice, copy.srcPitch = src.ptr, c * size
+        copy.dstDevice, copy.dstPitch, copy.dstXInBytes = dst.ptr, C * size, first_col * size
+        copy.WidthInBytes, copy.Height = c * size, n
+        check(driver.cuMemcpy2DAsync(copy, self.stream.handle), "cuMemcpy2DAsync")
 
     # ---------------------------------------------------------------- work and time
     def launch(self, kernel, config, *args) -> None:

@@ -24,6 +24,26 @@ def peak_gbps(gpu) -> float:
     return 2 * props.memory_clock_rate * 1e3 * props.global_memory_bus_width / 8 / 1e9
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_copy_columns_writes_a_block_of_columns_and_nothing_else(dtype):
+    """dst[:, c:c + w] = src for a (n, w) src, the rest of dst untouched (poisoned), at widths and offsets that are
+    not multiples of anything; and a src that does not fit is refused."""
+    gpu, rng = get_gpu(), np.random.default_rng()
+    n, C = 7, 1001
+    for first, w in ((0, 501), (501, 500), (3, 17)):
+        host = rng.standard_normal((n, w)).astype(np.float32)
+        src = gpu.to_device(host) if dtype == "f32" else gpu.to_device(f32_to_bf16(host), "bf16")
+        dst = gpu.empty((n, C), dtype)
+        gpu.fill_bytes(dst, 0xFF)
+        gpu.copy_columns(dst, first, src)
+        got = gpu.to_host(dst)
+        got = got if dtype == "f32" else bf16_to_f32(got)
+        assert np.array_equal(got[:, first:first + w], host if dtype == "f32" else bf16_to_f32(f32_to_bf16(host)))
+        assert np.isnan(np.delete(got, np.s_[first:first + w], axis=1)).all()
+    with pytest.raises(ValueError, match="does not fit"):
+        gpu.copy_columns(gpu.empty((n, 10), "f32"), 5, gpu.empty((n, 6), "f32"))
+
+
 def test_events_time_gpu_work():
     """Two events around a 256 MiB fill measure the fill: no less than the memory's peak allows."""
     gpu = get_gpu()

@@ -35,6 +35,9 @@ def check_flags(a, model: str) -> None:
         raise EngineOptionError(f"--gpu-memory-utilization {a.gpu_memory_utilization}: must be in (0, 1]")
     if a.stage is not None:
         check_stage(a.stage)
+    if (a.tensor_parallel_size or 1) > 1 and a.engine_process:
+        raise EngineOptionError(f"--tensor-parallel-size {a.tensor_parallel_size} starts a process a GPU, which the "
+                                "engine's own process may not: add --no-engine-process")
     Checkpoint(resolve_model(model))
 
 
@@ -54,6 +57,8 @@ def main(argv=None) -> int:
     engine.add_argument("--gpu-memory-utilization", type=float, help="the share of the GPU the engine may use")
     engine.add_argument("--kv-cache-memory-bytes", type=int, help="the KV cache's size (a paged engine's pool)")
     engine.add_argument("--block-size", type=int, help="positions per KV cache block (a paged engine)")
+    engine.add_argument("--tensor-parallel-size", "-tp", type=int,
+                        help="GPUs to split every layer over, a process each (needs --no-engine-process)")
     ap.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                     help="run the engine in a process of its own (engine_process.py; the default, as vLLM's "
                          "engine core), or with --no-engine-process on a thread of the server's")
@@ -72,7 +77,7 @@ def main(argv=None) -> int:
 
     model = a.model or (DEFAULT_PRESET if has_gpu()[0] else NO_GPU_PRESET)
     options = {k: getattr(a, k) for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
-                                          "kv_cache_memory_bytes", "block_size")}
+                                          "kv_cache_memory_bytes", "block_size", "tensor_parallel_size")}
     try:
         check_flags(a, model)
         engine = (EngineProcess(build_engine, a.stage, model, a.max_model_len, options) if a.engine_process
