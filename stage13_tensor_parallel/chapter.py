@@ -2,7 +2,7 @@
 data-driven ones.
 
   layer-split   what one rank of N holds of each layer of the 1B and the 8B shapes (tensor_parallel.plan): query and
-                K/V heads, MLP columns, vocabulary rows, bytes of weights
+                K/V heads, MLP columns, LM head rows, bytes of weights (the embedding whole on every rank)
   when-it-pays  a batch-1 decode step's floor, the weights' bytes a rank reads over the copy bandwidth, against the
                 all-reduces a step adds (two a layer), at TP = 1, 2 and 4 for both shapes; the bandwidth is the one
                 measured in the stage10 profile, the all-reduce's latency an assumption until measured here
@@ -19,18 +19,19 @@ ALL_REDUCE_US = 6.0           # one small all-reduce over NVLink: assumed (NCCL'
 
 
 def _rank_bytes(name: str, size: int, read: bool = False) -> int:
-    """Bytes of weights rank 0 holds (bf16), or, with `read`, streams in a decode step: an untied embedding is
-    held but only a token's row of it is read."""
+    """Bytes of weights rank 0 holds (bf16): its shards, the embedding whole and, untied, its slice of the LM head;
+    or, with `read`, what a decode step streams: its shards and its LM head slice (of the embedding, only a
+    token's row is read)."""
     cfg = PRESETS[name]
     s = plan(cfg, size)[0]
     H, hd, L = cfg.hidden_size, cfg.head_dim, cfg.num_hidden_layers
     layer = ((len(s.heads) + 2 * len(s.kv_heads)) * hd * H + len(s.heads) * hd * H + 3 * len(s.mlp) * H + 2 * H)
-    vocab = len(s.vocab) * H * (1 if cfg.tie_word_embeddings or read else 2)
+    vocab = len(s.vocab) * H if read else cfg.vocab_size * H + (0 if cfg.tie_word_embeddings else len(s.vocab) * H)
     return 2 * (L * layer + vocab + H)
 
 
 def layer_split() -> str:
-    lines = ["| model | TP | query heads a rank | K/V heads a rank | MLP columns a rank | vocabulary rows a rank | "
+    lines = ["| model | TP | query heads a rank | K/V heads a rank | MLP columns a rank | LM head rows a rank | "
              "weights a rank |", "|" + " --- |" * 7]
     for name in SHAPES:
         for size in (1, 2, 4):

@@ -14,12 +14,16 @@ after its profile run, or from num_gpu_blocks / kv_cache_memory_bytes when given
 Decode steps replay CUDA graphs captured at start, one per batch size of a ladder (graphs.py); enforce_eager
 (vLLM's name) turns them off. The host plans each step while the GPU runs the one before (async_scheduling,
 llm_engine.py). The loop is llm_engine.py; the GPU under it is runner.py over model.py.
+tensor_parallel_size=N (vLLM's name) splits every layer over N GPUs (tensor_parallel.py): this process is rank 0,
+with the loop, the scheduler and GPU 0; ranks 1..N-1 are processes of their own (ranks.py, worker.py), each
+launching every step rank 0 sends it on its own GPU, the ranks meeting in NCCL collectives (communicator.py).
 """
 from __future__ import annotations
 
 import contextlib
 import gc
 import sys
+import weakref
 
 import numpy as np
 
@@ -32,14 +36,18 @@ from common.synthetic import resolve_model
 
 from .block_manager import BlockManager, blocks_for
 from .cache import BLOCK_SIZE, MAX_NUM_SEQS, check_block_size, check_count, kv_cache_bytes, plan_num_blocks
+from .communicator import Communicator, unique_id
 from .graphs import DecodeGraphs
 from .kernels import Kernels
 from .llm_engine import LLMEngine, Ready
 from .model import Model
 from .packing import StepInputs
+from .ranks import Ranks
 from .runner import GpuRunner
 from .sequence import Sequence
+from .tensor_parallel import plan, rank_config
 from .weights import load_weights, verify
+from .worker import RankedRunner, Worker, shard_part
 
 MAX_NUM_BATCHED_TOKENS = 2048      # rows per forward, the token budget. The 1B's GEMMs are compute-bound well
 #                                    before it; a larger budget costs activation rows (attention has no scratch
@@ -65,10 +73,12 @@ class Engine:
                  block_size: int = BLOCK_SIZE, num_gpu_blocks: int | None = None,
                  kv_cache_memory_bytes: int | None = None, enforce_eager: bool = False,
                  async_scheduling: bool = True, enable_prefix_caching: bool = True,
-                 progress: bool = False):
+                 tensor_parallel_size: int = 1, progress: bool = False):
         self.folder = resolve_model(model)
         self.checkpoint = Checkpoint(self.folder)          # every validation error is raised here, before the GPU
         self.config = self.checkpoint.config
+        N = tensor_parallel_size
+        self.shard = plan(self.config, N)[0]               # a size that cannot split the model: refused here too
         self.prompts = PromptPreparer(self.folder, self.config, max_model_len)
         self.tokenizer = self.prompts.tokenizer
         self.max_model_len = L = self.prompts.max_model_len
@@ -77,24 +87,46 @@ class Engine:
         gc.collect()        # an engine dropped but not yet collected would hold its pool, read below as in use
         self.gpu = get_gpu()
         self.kernels = Kernels(self.gpu)
-        self.weights = load_weights(self.checkpoint, self.gpu, progress=progress)
+        self.ranks, comm, part = None, None, None
+        if N > 1:           # the other ranks load their shards while this one loads its own
+            part = shard_part(self.config, self.shard)
+            self.ranks = Ranks(N, Worker, (self.folder, L, B, tokens, bs, enforce_eager))
+            weakref.finalize(self, self.ranks.close)
+        self.weights = load_weights(self.checkpoint, self.gpu, progress=progress, part=part,
+                                    vocab=self.shard.vocab if N > 1 else None)
+        if self.ranks is not None:
+            self.ranks.ready()
+            uid = unique_id()
+            self.ranks.send_call("join", uid)
+            comm = Communicator(0, N, uid, self.gpu)   # returns once every rank has joined
+            self.ranks.replies()
         before, _ = self.gpu.memory()
-        self.model = Model(self.weights, self.config, self.gpu, self.kernels, B, L, tokens, bs)
+        self.model = Model(self.weights, rank_config(self.config, self.shard), self.gpu, self.kernels, B, L, tokens,
+                           bs, comm)
         free, total = self.gpu.memory()              # the activations' peak, measured: the forward allocates nothing
-        num_blocks = plan_num_blocks(self.config, bs, total, total - free, gpu_memory_utilization, num_gpu_blocks,
-                                     kv_cache_memory_bytes)
+        num_blocks = plan_num_blocks(self.model.config, bs, total, total - free, gpu_memory_utilization,
+                                     num_gpu_blocks, kv_cache_memory_bytes)
+        if self.ranks is not None:
+            self.ranks.call("allocate", num_blocks)
         self.model.allocate_cache(num_blocks)
-        print(f"kv cache   {num_blocks:,} blocks x {bs} positions = "
-              f"{kv_cache_bytes(self.config, num_blocks * bs) / 2**30:.2f} GiB; {num_blocks / blocks_for(L, bs):.1f}"
-              f" sequences of max_model_len={L} at once (up to max_num_seqs={B} shorter ones; activations "
-              f"{(before - free) / 2**30:.2f} GiB measured, token budget {tokens} rows a step)", file=sys.stderr)
+        gib = kv_cache_bytes(self.model.config, num_blocks * bs) / 2**30
+        print(f"kv cache   {num_blocks:,} blocks x {bs} positions = {gib:.2f} GiB{' a rank' if N > 1 else ''}; "
+              f"{num_blocks / blocks_for(L, bs):.1f} sequences of max_model_len={L} at once (up to max_num_seqs={B} "
+              f"shorter ones; activations {(before - free) / 2**30:.2f} GiB measured, token budget {tokens} rows a "
+              "step)", file=sys.stderr)
         rows = self.model.tile_rows
         print("attention  prompts " + (f"in tiles of {rows} rows through attention_hopper.cu (wgmma, TMA: sm_90a)"
                                        if self.model.hopper else f"in tiles of {rows} rows through attention_tiles.cu"
                                        if rows else "row by row through attention_rows.cu"), file=sys.stderr)
         self.graphs = None if enforce_eager else DecodeGraphs(self.model)
-        if self.graphs is not None:                  # after the cache: the graphs hold its address
+        if self.graphs is not None and self.ranks is not None:   # rank 0 picks; all capture together
+            self.graphs.pick()
+            self.ranks.send_call("capture", self.graphs.picks())
+            self.graphs.capture(self.graphs.picks())
+            self.ranks.replies()
+        elif self.graphs is not None:                # after the cache: the graphs hold its address
             self.graphs.capture()
+        if self.graphs is not None:
             g = self.graphs
             print(f"cuda graphs {len(g.sizes)} decode batch sizes {g.sizes[0]}..{g.sizes[-1]} captured in "
                   f"{g.capture_s:.2f} s, {g.graph_bytes / 2**20:.1f} MiB; GEMMs timed now: {g.timed_now} of "
@@ -109,8 +141,14 @@ class Engine:
                     if m in self.model.head_sizes]
             print(f"gemv       the final norm, LM head and greedy argmax in one GEMV where faster than apart, for "
                   f"{len(head)} of {len(g.head_us)} fused sizes: {', '.join(head) or 'none'}", file=sys.stderr)
-        self.llm = LLMEngine(GpuRunner(self.model, self.graphs), self.prompts, B, tokens,
-                             BlockManager(num_blocks, bs, enable_prefix_caching), async_scheduling)
+        runner = GpuRunner(self.model, self.graphs)
+        if self.ranks is not None:
+            runner = RankedRunner(runner, self.ranks, comm)
+            print(f"tensor parallel: {N} ranks (GPUs 0-{N - 1}), {len(self.shard.heads)} query heads, "
+                  f"{len(self.shard.kv_heads)} K/V heads and {len(self.shard.mlp):,} MLP columns a rank; "
+                  f"{2 * self.config.num_hidden_layers} all-reduces and an all-gather a step", file=sys.stderr)
+        self.llm = LLMEngine(runner, self.prompts, B, tokens, BlockManager(num_blocks, bs, enable_prefix_caching),
+                             async_scheduling)
 
     # ------------------------------------------------------------------ the step API (llm_engine.py)
     def add_request(self, prompt, params: SamplingParams, request_id=None, detokenize: bool = True):
@@ -167,8 +205,23 @@ class Engine:
 
     # ------------------------------------------------------------------ for tests and comparisons
     def verify(self) -> list[str]:
-        """Names of tensors whose GPU bytes differ from the file's (empty list: all identical)."""
-        return verify(self.weights, self.checkpoint, self.kernels)
+        """Names of tensors whose GPU bytes differ from the file's, or from this rank's part of it ("rank r: name"
+        for the other ranks'; empty list: all identical)."""
+        mine = verify(self.weights, self.checkpoint, self.kernels, shard_part(self.config, self.shard)
+                      if self.ranks is not None else None)
+        theirs = self.ranks.call("verify") if self.ranks is not None else []
+        return mine + [f"rank {r}: {name}" for r, names in enumerate(theirs, start=1) for name in names]
+
+    def close(self) -> None:
+        """Stop the other ranks' processes (an engine on one GPU has none); also done when the engine is dropped."""
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def _forward(self, step: StepInputs, logits: DeviceArray | None = None) -> None:
+        """model.forward outside the loop, on every rank (the others' logits into scratch buffers)."""
+        if self.ranks is not None:
+            self.ranks.send("forward", step, 0 if logits is None else logits.shape[0])
+        self.model.forward(step, logits)
 
     def embed(self, token_ids) -> np.ndarray:
         """Hidden rows (T, H) as bf16 bits for the given ids: the first step of every forward pass."""
@@ -196,7 +249,7 @@ class Engine:
                 step = StepInputs(ids[pos], pos, table[pos // self.block_size] * self.block_size
                                   + pos % self.block_size, zeros, pos - first, zeros, zeros, spans,
                                   _table_entries(table) if first == 0 else np.zeros((0, 2), np.int32))
-                self.model.forward(step, self.model.row_view(out, first, len(pos)))
+                self._forward(step, self.model.row_view(out, first, len(pos)))
         return self.gpu.to_host(out)
 
     @contextlib.contextmanager
@@ -217,7 +270,7 @@ class Engine:
         (its given tokens, not sampled ones); per sequence, the logits (len - n_prompt + 1, V) f32 that chose
         each following token (for tests against a full recompute)."""
         self._require_idle()
-        forced = _TeacherForced(self.model, sequences)
+        forced = _TeacherForced(self, sequences)
         loop = LLMEngine(forced, self.prompts, self.max_num_seqs, self.model.max_rows, self.llm.blocks)
         forced.loop = loop
         ids = [loop.add_request(list(s[:n]), SamplingParams(max_tokens=len(s) - n + 1, temperature=0.0,
@@ -236,15 +289,16 @@ class Engine:
 class _TeacherForced(GpuRunner):
     """A runner that keeps each logit row's logits and feeds the sequence's given next token, not a sampled one."""
 
-    def __init__(self, model: Model, sequences):
-        super().__init__(model)
-        self.sequences, self.loop, self.logits = sequences, None, {b: [] for b in range(len(sequences))}
+    def __init__(self, engine: Engine, sequences):
+        super().__init__(engine.model)
+        self.engine, self.sequences, self.loop = engine, sequences, None
+        self.logits = {b: [] for b in range(len(sequences))}
 
     def admit(self, seq) -> None:
         pass                                        # nothing is sampled
 
     def launch(self, x: StepInputs) -> Ready:
-        self.model.forward(x)
+        self.engine._forward(x)
         n = len(x.logit_rows)
         logits = self.model.gpu.to_host(self.model.row_view(self.model.logits, 0, n)) if n else []
         by_slot = {s.seq_slot: s for s in self.loop.scheduler.running}

@@ -128,8 +128,11 @@ def pick_head(model, timings: GemmTimings) -> dict[int, tuple[float, float]]:
     rows, from the residual stream to the sampled ids, as separate kernels (the final norm, the row gather,
     cuBLAS's LM head, the sampler reading the logits) and as one GEMV (gemv_norm_head: the norm, the LM head and
     the argmax; the row gather before it, the sampler copying its ids after), or as `timings` kept it.
-    model.head_sizes gets the sizes where the one GEMV took less. Returns M -> (separate us, one GEMV us)."""
+    model.head_sizes gets the sizes where the one GEMV took less. Returns M -> (separate us, one GEMV us). Not
+    where the LM head is split over GPUs: each rank's argmax would be of its slice alone."""
     times = {}
+    if model.weights.lm_head.shape[0] != model.config.vocab_size:
+        return times
     V, H = model.weights.lm_head.shape
     for m in sorted(model.fused_sizes):
         if (kept := timings.get("head", (m, V, H))) is None:
@@ -242,17 +245,35 @@ class DecodeGraphs:
         self.model.run_rows(size, size, inputs)
         self.model.queue_sample_rows(size, seq_slots, counters)
 
-    def capture(self) -> None:
-        """Pick each small GEMM's kernel (pick_gemms), then capture a graph for every size, largest first, each
-        after one eager run of the same work (cuBLAS and the launch configurations set themselves up outside the
-        capture), on inputs of padding rows only."""
-        t0 = time.perf_counter()
+    def pick(self) -> None:
+        """Pick each small GEMM's kernel, the sizes whose layers fuse and those whose step's end is one GEMV
+        (pick_gemms, pick_fused, pick_head), timing this GPU's share of the work alone: split over GPUs, the other
+        ranks are not timing, so no collective runs (Model.alone), and they take these picks (picks())."""
         timings = GemmTimings.for_model(self.model, GEMV_COLUMN_WARPS, GEMV_PAIRED_MAX_WARPS)
-        self.gemm_us = pick_gemms(self.model, self.sizes, timings)
-        self.fused_us = pick_fused(self.model, self.sizes, timings)
-        self.head_us = pick_head(self.model, timings)
+        with self.model.alone():
+            self.gemm_us = pick_gemms(self.model, self.sizes, timings)
+            self.fused_us = pick_fused(self.model, self.sizes, timings)
+            self.head_us = pick_head(self.model, timings)
         self.timed_now, self.timings_file = len(timings.new), timings.path
         timings.save()
+
+    def picks(self) -> dict:
+        """The kernel choices pick() made, for the other ranks' capture(picks)."""
+        m = self.model
+        return {"gemv_shapes": dict(m.gemv_shapes), "fused_sizes": set(m.fused_sizes), "head_sizes": set(m.head_sizes)}
+
+    def capture(self, picks: dict | None = None) -> None:
+        """Capture a graph for every size, largest first, each after one eager run of the same work (cuBLAS and the
+        launch configurations set themselves up outside the capture), on inputs of padding rows only; with the
+        kernels pick() chooses, or `picks` (rank 0's, on the other ranks: every rank's kernels, fused or not, then
+        meet the same collectives; all ranks capture together, each eager run running the collectives)."""
+        t0 = time.perf_counter()
+        if picks is None:
+            self.pick()
+        else:
+            m = self.model
+            m.gemv_shapes, m.fused_sizes, m.head_sizes = (picks[k] for k in ("gemv_shapes", "fused_sizes",
+                                                                              "head_sizes"))
         free0, _ = self.gpu.memory()
         empty = StepInputs(*[np.zeros(0, np.int32)] * 7, np.zeros((0, 4), np.int32), np.zeros((0, 2), np.int32))
         for size in sorted(self.sizes, reverse=True):

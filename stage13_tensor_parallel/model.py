@@ -33,6 +33,14 @@ into it: five kernels a layer instead of nine:
 and, at the sizes of those in head_sizes, the final norm, the LM head and each row's greedy token in one GEMV
 (gemv_norm_head; the sampler takes its ids for the greedy rows instead of reading the logits again).
 
+Split over N GPUs (tensor_parallel.py), each rank runs this forward with its own heads and MLP columns (its
+config says how many) and its slice of the LM head, and the ranks meet three times a step (communicator.py):
+
+    d = a @ Wo_r^T;    all-reduce(d)       row-parallel: each rank's partial sum, summed on every rank, before
+    d = act @ Wdown_r^T; all-reduce(d)     the norm adds it into x (fused: rank 0 adds x into its partial, the
+                                           others write theirs alone, and x itself is all-reduced)
+    logits = all-gather(h @ Whead_r^T)     every rank gets the whole rows, and samples them as every other does
+
 Buffer reuse: every activation buffer is allocated once, for max_num_batched_tokens rows, and each forward uses
 its first R rows; the layers take turns in the same buffers. No allocation happens while generating, so the
 activations' peak is what the constructor allocates: the engine measures it (free memory before and after) and
@@ -43,6 +51,8 @@ per seq_slot; a step's upload carries only the entries that changed (packing.Ste
 block_table.cu writes them before the first layer.
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
@@ -67,8 +77,9 @@ STAGING = 4                # pinned buffers the host's copies to the GPU take tu
 
 class Model:
     def __init__(self, weights: GpuWeights, config: LlamaConfig, gpu: Gpu, kernels: Kernels, max_num_seqs: int,
-                 max_model_len: int, max_num_batched_tokens: int, block_size: int):
+                 max_model_len: int, max_num_batched_tokens: int, block_size: int, comm=None):
         self.weights, self.config, self.gpu, self.kernels = weights, config, gpu, kernels
+        self.comm = comm                                    # the ranks' communicator, or None: one GPU
         self.cublas = Cublas(gpu)
         self.gemv_shapes: dict[tuple[int, int, int], int] = {}   # (M, N, K) -> gemv.cu's fastest column_warps
         #                                                          there (graphs.pick_gemms)
@@ -112,6 +123,10 @@ class Model:
         self.gate_up = gpu.empty((R, 2 * inter), "bf16")
         self.act = gpu.empty((R, inter), "bf16")
         self.logits = gpu.empty((B, c.vocab_size), "f32")   # the logit rows of a step, for sampling
+        if comm is not None:     # the LM head split: this rank's slice of B rows' logits, padded to the widest
+            #                      slice (a gather sends equal counts), and every rank's, back to back
+            self.split_over, self.slice_width = N, P = comm.size, -(-c.vocab_size // comm.size)
+            self.slice_logits, self.gathered = gpu.empty((B * P,), "f32"), gpu.empty((N * B * P,), "f32")
         self.next_ids = gpu.empty((B,), "i32")              # the sampler's choices
         # every seq_slot's sampling parameters, written at admission: seed u64 | temperature f32 | top_k i32 |
         # top_p f32
@@ -153,6 +168,20 @@ class Model:
         return {"in_norm": w[p + "input_layernorm.weight"], "qkv": w.fused(i, "qkv"),
                 "o": w[p + "self_attn.o_proj.weight"], "post_norm": w[p + "post_attention_layernorm.weight"],
                 "gate_up": w.fused(i, "gate_up"), "down": w[p + "mlp.down_proj.weight"]}
+
+    @contextlib.contextmanager
+    def alone(self):
+        """This rank's kernels without the collectives, for the `with` (graphs.py times one GPU's share of a
+        layer, the same on every rank)."""
+        comm, self.comm = self.comm, None
+        try:
+            yield
+        finally:
+            self.comm = comm
+
+    def all_reduce(self, buf: DeviceArray) -> None:
+        if self.comm is not None:
+            self.comm.all_reduce(buf)
 
     @staticmethod
     def row_view(buf: DeviceArray, first: int, n: int) -> DeviceArray:
@@ -306,8 +335,28 @@ class Model:
                    head=(self.head_best, self.head_ticket, self.head_ids))
         else:
             k.embedding(logit_rows, h, chosen)
-            self.cublas.linear(chosen, self.weights.lm_head, logits)
+            if self.weights.lm_head.shape[0] == self.config.vocab_size:
+                self.cublas.linear(chosen, self.weights.lm_head, logits)
+            else:                                    # this rank's slice of the vocabulary
+                self.gathered_logits(chosen, logits)
         return logits
+
+    def gathered_logits(self, h: DeviceArray, logits: DeviceArray) -> None:
+        """logits (n, V) = h (n, H) @ LM head^T with the vocabulary split over the ranks: this rank's slice of each
+        row by cuBLAS, every rank's gathered (the slices padded to one width, back to back), then each slice into
+        its columns; max_num_seqs rows at a time (the gather's buffers hold that many). Timed alone (no comm):
+        this rank's slice only."""
+        N, P, B, V = self.split_over, self.slice_width, self.max_num_seqs, logits.shape[1]
+        head = self.weights.lm_head
+        for first in range(0, h.shape[0], B):
+            n = min(B, h.shape[0] - first)
+            self.cublas.linear(self.row_view(h, first, n), head, self.slice_logits.view(0, (n, head.shape[0])))
+            if self.comm is None:
+                continue
+            self.comm.all_gather(self.slice_logits.view(0, (n * P,)), self.gathered.view(0, (N * n * P,)))
+            for r in range(N):
+                self.gpu.copy_columns(self.row_view(logits, first, n), r * P,
+                                      self.gathered.view(4 * r * n * P, (n, min(P, V - r * P))))
 
     def project_qkv(self, i: int, R: int, fused: bool, rows: tuple[DeviceArray, DeviceArray]) -> None:
         """Layer i's q, k, v of the first R rows: qkv = rms_norm(x) * w_in @ Wqkv^T (unfused, x += d first where
@@ -341,10 +390,12 @@ class Model:
         x, h, d, attn, act = (view(b, 0, R) for b in (self.x, self.h, self.d, self.attn, self.act))
         gate_up = view(self.gate_up, 0, R)
         self.cublas.linear(attn, w["o"], d)
+        self.all_reduce(d)                            # every rank's partial sum (split over GPUs)
         k.add_rms_norm(x, d, w["post_norm"], h, eps)  # x += attention output
         self.cublas.linear(h, w["gate_up"], gate_up)
         k.silu_mul(gate_up, act)
         self.cublas.linear(act, w["down"], d)
+        self.all_reduce(d)
 
     def fused_gemm(self, name: str, i: int, R: int, rows: tuple[DeviceArray, DeviceArray] | None = None,
                    column_warps: int | None = None) -> None:
@@ -360,14 +411,22 @@ class Model:
             rope = (*self.cache.layer(i), rows[1], self.cos, self.sin, rows[0], c.num_attention_heads,
                     c.num_key_value_heads, c.head_dim)
             k.gemv(x, w["qkv"], view(self.qkv, 0, R), column_warps, norm=(w["in_norm"], eps), rope=rope)
-        elif name == "o":
-            k.gemv(view(self.attn, 0, R), w["o"], x, column_warps, residual=True)
+        elif name == "o":          # split over GPUs: rank 0 adds x to its partial, the others store theirs
+            k.gemv(view(self.attn, 0, R), w["o"], x, column_warps, residual=self.adds_residual)
+            self.all_reduce(x)
         elif name == "gate_up":
             k.gemv(x, w["gate_up"], act, column_warps, norm=(w["post_norm"], eps), silu=True)
         elif name == "down":
-            k.gemv(act, w["down"], x, column_warps, residual=True)
+            k.gemv(act, w["down"], x, column_warps, residual=self.adds_residual)
+            self.all_reduce(x)
         else:
             raise ValueError(f"fused_gemm: no layer GEMM {name!r} (qkv, o, gate_up, down)")
+
+    @property
+    def adds_residual(self) -> bool:
+        """Whether this rank's row-parallel GEMVs add x into their output: on one GPU, and on rank 0 of several
+        (the all-reduce then sums x once and every rank's partial)."""
+        return self.comm is None or self.comm.rank == 0
 
     def queue_sample_rows(self, n: int, seq_slots: DeviceArray | None = None,
                           counters: DeviceArray | None = None) -> DeviceArray:

@@ -11,16 +11,18 @@ A layer of N ranks, rank r (nh query heads, nkv K/V heads, I MLP columns; x (R, 
     down     row-parallel: Wdown's columns of its I / N; x += all-reduce(sum)
     norms    on every rank, whole (they read x, which every rank holds after each all-reduce)
 
-and around the layers the vocabulary is cut in N slices of ceil(V / N) rows: the embedding's rows (a token outside
-a rank's slice gives zeros there: the all-reduce of the N lookups is its row) and the LM head's (each rank the
-logits of its slice; the greedy token is the largest of the N slices' maxima, the first on ties).
+and around the layers: the embedding whole on every rank (a lookup reads R of its rows, so a copy costs memory
+only, no bandwidth, and spares an all-reduce: vLLM splits it to save the memory), and the LM head cut in N slices
+of ceil(V / N) vocabulary rows (each rank the logits of its slice, gathered into every rank's whole rows; a
+tied head is the rank's rows of the embedding it holds).
 
     shards = plan(config, N)                          one Shard a rank (ValueError, one line, where N cannot split)
     shard_tensor(name, array, config, shards[r])      rank r's part of a checkpoint tensor (a view where it can)
+    rank_config(config, shards[r])                    the model as rank r computes it: its heads and MLP columns
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -34,7 +36,7 @@ class Shard:
     heads: range          # its query heads
     kv_heads: range       # the K/V heads they read
     mlp: range            # its MLP columns (of I)
-    vocab: range          # its rows of the vocabulary
+    vocab: range          # its rows of the LM head
 
 
 def plan(config: LlamaConfig, size: int) -> list[Shard]:
@@ -80,8 +82,15 @@ def shard_tensor(name: str, array: np.ndarray, config: LlamaConfig, shard: Shard
         return rows(shard.mlp)
     if name.endswith("mlp.down_proj.weight"):
         return cols(shard.mlp)
-    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+    if name == "lm_head.weight":
         return rows(shard.vocab)
-    if name.endswith("norm.weight"):
+    if name == "model.embed_tokens.weight" or name.endswith("norm.weight"):
         return array
     raise ValueError(f"{name}: no tensor-parallel rule for this tensor")
+
+
+def rank_config(config: LlamaConfig, shard: Shard) -> LlamaConfig:
+    """The model as rank `shard.rank` computes it: its query heads, the K/V heads they read and its MLP columns
+    (hidden size, head_dim, layers and vocabulary as they were: the ranks meet on whole rows of x and logits)."""
+    return replace(config, num_attention_heads=len(shard.heads), num_key_value_heads=len(shard.kv_heads),
+                   intermediate_size=len(shard.mlp))

@@ -11,7 +11,10 @@ Path of every byte:  file --(page cache / disk, mmap)--> pinned staging buffer -
   * fusion for free: a weight is (N_out, K) row-major, so stacking two weights along N_out is just placing
     their bytes end to end. Each layer's q/k/v projections sit back to back in the arena, and so do gate/up:
     `GpuWeights.fused(layer, "qkv")` is one (nh*hd + 2*nkv*hd, H) matrix, one GEMM instead of three, with no
-    copy and no extra memory.
+    copy and no extra memory;
+  * a rank of a model split over GPUs loads only its part of each tensor (`part`: tensor_parallel.shard_tensor),
+    cut out of the mapped file; its arena is laid out from the parts' shapes, and a tied LM head is the rank's
+    rows (`vocab`) of the embedding it holds whole.
 """
 from __future__ import annotations
 
@@ -47,8 +50,9 @@ class LoadStats:
 class GpuWeights:
     """name -> DeviceArray of every model tensor (HF names); `lm_head` resolves the tie."""
 
-    def __init__(self, arena: DeviceArray, tensors: dict[str, DeviceArray], tied: bool, stats: LoadStats):
-        self.arena, self.tensors, self.tied, self.stats = arena, tensors, tied, stats
+    def __init__(self, arena: DeviceArray, tensors: dict[str, DeviceArray], tied: bool, stats: LoadStats,
+                 vocab: range | None = None):
+        self.arena, self.tensors, self.tied, self.stats, self.vocab = arena, tensors, tied, stats, vocab
 
     def __getitem__(self, name: str) -> DeviceArray:
         return self.tensors[name]
@@ -60,32 +64,42 @@ class GpuWeights:
 
     @property
     def lm_head(self) -> DeviceArray:
-        return self.tensors["model.embed_tokens.weight" if self.tied else "lm_head.weight"]
+        if not self.tied:
+            return self.tensors["lm_head.weight"]
+        table = self.tensors["model.embed_tokens.weight"]
+        if self.vocab is None:
+            return table
+        H = table.shape[1]
+        return table.view(2 * H * self.vocab.start, (len(self.vocab), H))
 
 
-def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True, buffers: int = BUFFERS) -> GpuWeights:
-    """Every tensor of ckpt into one device arena; `buffers` pinned staging buffers, each filled by its own thread."""
+def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True, buffers: int = BUFFERS, part=None,
+                 vocab: range | None = None) -> GpuWeights:
+    """Every tensor of ckpt into one device arena, or with part(name, array) -> array each tensor's part (a rank's
+    shard; `vocab`: its rows of a tied LM head); `buffers` pinned staging buffers, each filled by its own thread."""
     free_before, _ = gpu.memory()
     start = time.perf_counter()
     entries = ckpt.file_order()
-    offsets, total = arena_layout(ckpt)
+    arrays = {e.name: (part or _whole)(e.name, ckpt.raw(e.name)) for e in entries}   # views of the mapped file
+    offsets, total = arena_layout(ckpt, {name: a.nbytes for name, a in arrays.items()})
     arena = gpu.empty((total,), "u8")
     # The work, in file order: pieces of at most one staging buffer, each (tensor, byte offset in it, length).
-    pieces = [(e, lo, min(BUFFER_BYTES, e.nbytes - lo)) for e in entries for lo in range(0, e.nbytes, BUFFER_BYTES)]
+    pieces = [(e, lo, min(BUFFER_BYTES, arrays[e.name].nbytes - lo)) for e in entries
+              for lo in range(0, arrays[e.name].nbytes, BUFFER_BYTES)]
     stage = gpu.staging(buffers * BUFFER_BYTES)    # one pinned block, cut into `buffers` buffers
     buffer_free = [None] * buffers                 # event: the DMA out of that buffer has finished
 
     def fill(i: int) -> None:                      # runs on a worker thread: file bytes -> pinned buffer
         e, lo, n = pieces[i]
         base = (i % buffers) * BUFFER_BYTES
-        stage.array[base:base + n] = ckpt.raw(e.name).reshape(-1).view(np.uint8)[lo:lo + n]
+        stage.array[base:base + n] = np.ascontiguousarray(arrays[e.name]).reshape(-1).view(np.uint8)[lo:lo + n]
 
     def submit(i: int):
         if buffer_free[i % buffers] is not None:
             buffer_free[i % buffers].sync()        # never overwrite bytes the DMA engine is still reading
         return pool.submit(fill, i)
 
-    copied, bar = 0, _Progress(ckpt.total_bytes, progress)
+    copied, bar = 0, _Progress(sum(a.nbytes for a in arrays.values()), progress)
     with ThreadPoolExecutor(buffers) as pool:      # numpy copies release the GIL: `buffers` copies at once
         filling = {i: submit(i) for i in range(min(buffers, len(pieces)))}
         for i, (e, lo, n) in enumerate(pieces):    # DMAs are issued in order, as their buffer fills
@@ -100,21 +114,26 @@ def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True, buffers: int
     gpu.sync()
     seconds = time.perf_counter() - start
     bar.close()
-    tensors = {e.name: arena.view(offsets[e.name], e.shape, "bf16") for e in entries}
+    tensors = {name: arena.view(offsets[name], a.shape, "bf16") for name, a in arrays.items()}
     stats = LoadStats(copied, seconds, free_before - gpu.memory()[0])
-    return GpuWeights(arena, tensors, ckpt.config.tie_word_embeddings, stats)
+    return GpuWeights(arena, tensors, ckpt.config.tie_word_embeddings, stats, vocab)
 
 
-def arena_layout(ckpt: Checkpoint) -> tuple[dict[str, int], int]:
+def _whole(name: str, array: np.ndarray) -> np.ndarray:
+    return array
+
+
+def arena_layout(ckpt: Checkpoint, nbytes: dict[str, int] | None = None) -> tuple[dict[str, int], int]:
     """Byte offset of every tensor in the arena, and the arena's size: each tensor, or each FUSED group of one
-    layer (members back to back, no padding between them), starts at an ALIGN boundary."""
+    layer (members back to back, no padding between them), starts at an ALIGN boundary. `nbytes`: each tensor's
+    size where it is not the file's (a rank's parts)."""
     offsets, total = {}, 0
     for e in ckpt.file_order():
         if e.name in offsets:
             continue
         for name in placed_with(e.name):
             offsets[name] = total
-            total += ckpt.entries[name].nbytes
+            total += ckpt.entries[name].nbytes if nbytes is None else nbytes[name]
         total = -(-total // ALIGN) * ALIGN
     return offsets, total
 
@@ -145,15 +164,17 @@ def host_checksum(words: np.ndarray, chunk: int = 1 << 22) -> int:
         return sum(pool.map(part, range(0, flat.size, chunk))) % 2**64
 
 
-def verify(weights: GpuWeights, ckpt: Checkpoint, kernels) -> list[str]:
-    """Checksum every tensor on the GPU and in the file; returns the names that differ (empty = identical)."""
+def verify(weights: GpuWeights, ckpt: Checkpoint, kernels, part=None) -> list[str]:
+    """Checksum every tensor on the GPU and in the file (or its part there); returns the names that differ (empty
+    = identical)."""
     names = list(weights.tensors)
     sums = kernels.gpu.empty((len(names),), "u64")
     kernels.gpu.fill_bytes(sums, 0)
     for i, name in enumerate(names):
         kernels.checksum(weights.tensors[name], sums.view(8 * i, (1,)))
     gpu_sums = kernels.gpu.to_host(sums)
-    return [n for n, s in zip(names, gpu_sums) if int(s) != host_checksum(ckpt.raw(n))]
+    part = part or _whole
+    return [n for n, s in zip(names, gpu_sums) if int(s) != host_checksum(part(n, ckpt.raw(n)))]
 
 
 class _Progress:

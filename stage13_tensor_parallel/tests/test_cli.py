@@ -107,3 +107,26 @@ def test_no_gpu_line_is_in_our_words(tiny_dir, capsys):
     assert line.startswith("no GPU (") and "Error" not in line and "detail" not in line
     main(["--model", str(tiny_dir), "--prompt", "hi", "--max-tokens", "1", "--verbose"])
     assert "  detail: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("size, line", [
+    ("3", "error: --tensor-parallel-size 3: tensor_parallel_size=3 does not divide num_attention_heads=4\n"),
+    ("0", "error: --tensor-parallel-size 0: tensor_parallel_size=0 must be an integer >= 1\n"),
+])
+def test_a_tensor_parallel_size_that_cannot_split_the_model_is_one_line(tiny_dir, capsys, size, line):
+    if not has_gpu()[0]:
+        line = f"error: --tensor-parallel-size {size} splits the model over GPUs; this machine has none\n"
+    assert main(["--model", str(tiny_dir), "--prompt", "hi", "--max-tokens", "1", "-tp", size]) == 2
+    out, err = capsys.readouterr()
+    assert err == line and "tokens in" not in out
+
+
+def test_more_gpus_than_the_machine_has_is_one_line(tiny_dir, capsys):
+    from common.device import gpu_count
+
+    n = gpu_count() + 2                       # tiny's 4 heads split over 2 ranks; over 4 where there are 2 GPUs
+    assert main(["--model", str(tiny_dir), "--prompt", "hi", "--max-tokens", "1", "--tensor-parallel-size",
+                 str(n if n in (2, 4) else 4)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --tensor-parallel-size") and err.count("\n") == 1
+    assert ("needs" in err and "GPUs; this machine has" in err) if has_gpu()[0] else "has none" in err

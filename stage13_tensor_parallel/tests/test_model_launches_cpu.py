@@ -92,12 +92,17 @@ def weights(gpu, cfg) -> GpuWeights:
     return GpuWeights(None, tensors, True, None)
 
 
-@pytest.fixture
-def model(monkeypatch):
+def record_launches(monkeypatch) -> None:
+    """Kernels that load nothing, cuBLAS that records, host memory for pinned buffers and tensor maps."""
     monkeypatch.setattr(kernels_module, "KernelModule", lambda path, arch: SimpleNamespace(kernel=lambda n: n))
     monkeypatch.setattr(model_module, "Cublas", RecordingCublas)
     monkeypatch.setattr(model_module, "PinnedBuffer", HostStaging)
     monkeypatch.setattr(model_module, "kv_tensor_maps", lambda gpu, cache: gpu.empty((2 * len(cache.k), 16), "u64"))
+
+
+@pytest.fixture
+def model(monkeypatch):
+    record_launches(monkeypatch)
     gpu, cfg = RecordingGpu(), PRESETS["llama-3.2-1b"]
     m = model_module.Model(weights(gpu, cfg), cfg, gpu, kernels_module.Kernels(gpu), MAX_SEQS, MAX_LEN, MAX_ROWS,
                            BLOCK_SIZE)

@@ -33,7 +33,8 @@ def reference(request, tmp_path_factory):
 
 def sharded_logits(ref: ReferenceModel, ids: np.ndarray, size: int) -> np.ndarray:
     """The reference's forward over `size` simulated ranks: each computes with its own shards; the all-reduces
-    (after the embedding, o and down) sum the ranks' partials; the logits are the ranks' slices concatenated."""
+    (after o and down) sum the ranks' partials; the logits are the ranks' slices concatenated (a tied head: each
+    rank's rows of the embedding it holds whole)."""
     cfg, w = ref.config, ref.w
     head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
     shards = plan(cfg, size)
@@ -42,13 +43,7 @@ def sharded_logits(ref: ReferenceModel, ids: np.ndarray, size: int) -> np.ndarra
     cos, sin = rope_cos_sin(cfg, np.arange(T))
     causal = np.triu(np.full((T, T), -np.inf, np.float32), k=1)
 
-    def embed(s, part):                        # a token outside the slice: zeros here
-        inside = (ids >= s.vocab.start) & (ids < s.vocab.stop)
-        rows = np.zeros((T, cfg.hidden_size), np.float32)
-        rows[inside] = part["model.embed_tokens.weight"][ids[inside] - s.vocab.start]
-        return rows
-
-    x = sum(embed(s, part) for s, part in zip(shards, mine))                  # all-reduce
+    x = mine[0]["model.embed_tokens.weight"][ids]                            # every rank's lookup, the same
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}."
         partials = []
@@ -70,7 +65,9 @@ def sharded_logits(ref: ReferenceModel, ids: np.ndarray, size: int) -> np.ndarra
             act = silu(h @ part[p + "mlp.gate_proj.weight"].T) * (h @ part[p + "mlp.up_proj.weight"].T)
             partials.append(act @ part[p + "mlp.down_proj.weight"].T)
         x = x + sum(partials)                                                   # all-reduce
-    return np.concatenate([rms_norm(x, part["model.norm.weight"], eps) @ part[head].T for part in mine], axis=1)
+    heads = [part[head][s.vocab] if cfg.tie_word_embeddings else part[head] for s, part in zip(shards, mine)]
+    return np.concatenate([rms_norm(x, part["model.norm.weight"], eps) @ w.T for part, w in zip(mine, heads)],
+                          axis=1)
 
 
 def test_n_ranks_with_summed_partials_give_the_unsharded_logits(reference):
@@ -108,7 +105,7 @@ def test_every_tensor_is_split_whole_or_copied(reference):
         shards = plan(cfg, size)
         for name, a in w.items():
             parts = [shard_tensor(name, a, cfg, s) for s in shards]
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name == "model.embed_tokens.weight":
                 assert all(part is a for part in parts), name
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
                 assert np.array_equal(np.concatenate(parts, axis=1), a), name
@@ -141,3 +138,32 @@ def test_the_8b_shape_splits_over_2_and_4_and_copies_k_v_heads_over_16():
         assert sum(len(s.vocab) for s in shards) == cfg.vocab_size
     sixteen = plan(cfg, 16)                                   # two query heads a rank; K/V heads copied twice
     assert [s.kv_heads.start for s in sixteen] == [r // 2 for r in range(16)]
+
+
+def test_the_engine_refuses_a_size_that_cannot_split_the_model_before_any_gpu_work(tiny_dir):
+    from ..engine import Engine
+
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide num_attention_heads=4"):
+        Engine(str(tiny_dir), tensor_parallel_size=3)
+
+
+def test_a_rank_s_config_is_its_heads_and_columns_and_its_arena_holds_its_parts(tiny_dir):
+    """rank_config: the rank's query and K/V heads and MLP columns, the rest of the model as it was; the arena of
+    a rank's parts lays each fused group's parts back to back (load_weights with part=)."""
+    from ..tensor_parallel import rank_config
+    from ..weights import arena_layout
+    from ..worker import shard_part
+
+    ckpt = Checkpoint(tiny_dir)
+    cfg = ckpt.config
+    for shard in plan(cfg, 2):
+        mine = rank_config(cfg, shard)
+        assert (mine.num_attention_heads, mine.num_key_value_heads, mine.intermediate_size) == (2, 1, 96)
+        assert (mine.hidden_size, mine.head_dim, mine.vocab_size) == (cfg.hidden_size, cfg.head_dim, cfg.vocab_size)
+        part = shard_part(cfg, shard)
+        sizes = {e.name: part(e.name, ckpt.raw(e.name)).nbytes for e in ckpt.file_order()}
+        offsets, total = arena_layout(ckpt, sizes)
+        q, k, v = (f"model.layers.0.self_attn.{n}_proj.weight" for n in "qkv")
+        assert offsets[k] == offsets[q] + sizes[q] and offsets[v] == offsets[k] + sizes[k]
+        assert sizes[q] == 2 * 16 * 64 * 2 and sizes["model.embed_tokens.weight"] == cfg.vocab_size * 64 * 2
+        assert total < arena_layout(ckpt)[1]
