@@ -68,6 +68,8 @@ def check_sizes(max_num_seqs: int | None, max_num_batched_tokens: int | None, bl
 
 
 class Engine:
+    ranks: Ranks | None = None      # the other ranks' processes, where the model is split over GPUs
+
     def __init__(self, model: str, max_model_len: int | None = None, max_num_seqs: int | None = None,
                  max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                  block_size: int = BLOCK_SIZE, num_gpu_blocks: int | None = None,

@@ -150,6 +150,16 @@ def test_stage_lookup():
     assert stage_module("01") == "stage01_loading"
 
 
+def test_a_stage_split_over_gpus_is_nn_tpk():
+    from common.bench.harness import UnknownEngine, engine_name, engine_spec
+
+    spec = engine_spec("13-tp2")
+    assert spec.module == "stage13_tensor_parallel" and spec.kwargs == {"tensor_parallel_size": 2}
+    assert engine_name("13-tp4") == "stage13_tensor_parallel-tp4" and engine_name("13") == "stage13_tensor_parallel"
+    with pytest.raises(UnknownEngine, match="NN-tpK"):
+        engine_spec("13-tpx")
+
+
 def test_baselines_load_like_stages():
     assert stage_module("hf") == "common.bench.hf_engine" and stage_module("numpy") == "common.reference"
     assert {"hf", "hf-sdpa", "hf-compile", "numpy"} <= set(BASELINES)

@@ -2,6 +2,7 @@
 
     python -m common.bench --stages 03,04 --workload batch [--model PRESET|DIR] [--repeats 3] [--processes 1]
     python -m common.bench --ladder --workload ragged       # every stage that runs it, and the baselines
+    python -m common.bench --stages 13,13-tp2 --workload latency    # NN-tpK: stage NN split over K GPUs
 
 A ladder run (--ladder) is the README's table and chart: the workload's engines (workloads.LADDERS: the stages
 from its first on, and its baselines; it says which it leaves out and why) in one run on one machine, since the
@@ -235,7 +236,13 @@ def environment() -> dict:
 
 # ---------------------------------------------------------------------------- the driver
 def engine_spec(tag: str) -> EngineSpec:
-    return BASELINES.get(tag) or EngineSpec(stage_module(tag))
+    """A baseline's spec, or a stage's: "NN", or "NN-tpK" for stage NN with tensor_parallel_size=K."""
+    if tag in BASELINES:
+        return BASELINES[tag]
+    stage, split, size = tag.partition("-tp")
+    if split and not size.isdigit():
+        raise UnknownEngine(f"{tag!r}: a stage split over GPUs is NN-tpK, K a number of GPUs")
+    return EngineSpec(stage_module(stage), {"tensor_parallel_size": int(size)} if split else {})
 
 
 class UnknownEngine(ValueError):
@@ -263,8 +270,12 @@ def ladder_stages(workload: str) -> str:
 
 
 def engine_name(tag: str) -> str:
-    """The name results are keyed by: the stage's folder, or the baseline's tag."""
-    return tag if tag in BASELINES else stage_module(tag)
+    """The name results are keyed by: the stage's folder (with -tpK where split over K GPUs), or the baseline's
+    tag."""
+    if tag in BASELINES:
+        return tag
+    stage, split, size = tag.partition("-tp")
+    return engine_spec(tag).module + (f"-tp{size}" if split else "")
 
 
 def skip_reason(tag: str, workload: str | None = None) -> str | None:
