@@ -7,9 +7,9 @@
     ranks.check()                       raise RankError if a rank has failed or exited
     ranks.close()                       stop them all and wait; a rank that does not stop is terminated
 
-Each step, rank 0 sends the step's inputs (packing.StepInputs: a few numpy arrays, pickled into a pipe, about
-50 us for a decode step) and every rank launches the same kernels and collectives on its own GPU; only rank 0 reads
-the sampled ids back. A rank whose method raises sends its error as one line and exits: rank 0 raises it as
+Each step, rank 0 sends the step's inputs (packing.StepInputs: a few numpy arrays, pickled into a pipe a rank;
+bench_ranks.py times it) and every rank launches the same kernels and collectives on its own GPU; only rank 0
+reads the sampled ids back. A rank whose method raises sends its error as one line and exits: rank 0 raises it as
 RankError at its next check, and the engine closes every rank (nothing is left running).
 """
 from __future__ import annotations
