@@ -60,6 +60,8 @@ SYLLABUS = [
     ("tensor parallelism: column- and row-parallel layers", "stage13_tensor_parallel", "cut every gemm",
      ("column-parallel", "row-parallel", "all-reduce")),
     ("the all-reduce's cost", "stage13_tensor_parallel", "the all-reduce", ("latency", "bandwidth")),
+    ("one process a GPU: rank 0 schedules, every rank samples the gathered logits", "stage13_tensor_parallel",
+     "one process a gpu", ("pipe", "all-gather", "sampler", "abort")),
 ]
 
 
