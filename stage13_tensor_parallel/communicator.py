@@ -13,6 +13,7 @@ sizes (they pair up by order alone).
 from __future__ import annotations
 
 import os
+import threading
 
 from common.device import DeviceArray, Gpu
 
@@ -38,8 +39,9 @@ class Communicator:
     def __init__(self, rank: int, size: int, uid: bytes, gpu: Gpu):
         nccl = _nccl()
         self.rank, self.size, self.gpu = rank, size, gpu
-        gpu.device.set_current()
+        gpu.device.set_current()                # (this thread's device: rank 0 may join from a helper thread)
         self.comm = nccl.comm_init_rank(size, nccl.UniqueId.from_buffer(uid), rank)
+        self._ending = threading.Lock()         # abort() may come from the ranks' watch thread
 
     def all_reduce(self, buf: DeviceArray) -> None:
         _nccl().all_reduce(buf.ptr, buf.ptr, buf.size, NCCL_DTYPES[buf.dtype], NCCL_SUM, self.comm,
@@ -52,12 +54,15 @@ class Communicator:
 
     def abort(self) -> None:
         """Drop the communicator at once, waking a collective that waits on a rank that is gone."""
-        if self.comm is not None:
-            _nccl().comm_abort(self.comm)
-            self.comm = None
+        with self._ending:
+            if self.comm is not None:
+                _nccl().comm_abort(self.comm)
+                self.comm = None
 
     def close(self) -> None:
-        if self.comm is not None:
-            self.gpu.sync()
-            _nccl().comm_destroy(self.comm)
-            self.comm = None
+        """Free it once its work is done (every rank alive: this rank's queued collectives complete first)."""
+        with self._ending:
+            if self.comm is not None:
+                self.gpu.sync()
+                _nccl().comm_destroy(self.comm)
+                self.comm = None

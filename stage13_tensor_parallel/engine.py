@@ -36,7 +36,7 @@ from common.synthetic import resolve_model
 
 from .block_manager import BlockManager, blocks_for
 from .cache import BLOCK_SIZE, MAX_NUM_SEQS, check_block_size, check_count, kv_cache_bytes, plan_num_blocks
-from .communicator import Communicator, unique_id
+from .communicator import unique_id
 from .graphs import DecodeGraphs
 from .kernels import Kernels
 from .llm_engine import LLMEngine, Ready
@@ -47,7 +47,7 @@ from .runner import GpuRunner
 from .sequence import Sequence
 from .tensor_parallel import plan, rank_config
 from .weights import load_weights, verify
-from .worker import RankedRunner, Worker, shard_part
+from .worker import RankedRunner, Split, Worker, shard_part
 
 MAX_NUM_BATCHED_TOKENS = 2048      # rows per forward, the token budget. The 1B's GEMMs are compute-bound well
 #                                    before it; a larger budget costs activation rows (attention has no scratch
@@ -93,14 +93,15 @@ class Engine:
         if N > 1:           # the other ranks load their shards while this one loads its own
             part = shard_part(self.config, self.shard)
             self.ranks = Ranks(N, Worker, (self.folder, L, B, tokens, bs, enforce_eager))
-            weakref.finalize(self, self.ranks.close)
+            self.split = Split(self.ranks)
+            self._stop = weakref.finalize(self, self.split.stop)   # dropped or failed: every rank stopped
         self.weights = load_weights(self.checkpoint, self.gpu, progress=progress, part=part,
                                     vocab=self.shard.vocab if N > 1 else None)
         if self.ranks is not None:
             self.ranks.ready()
             uid = unique_id()
             self.ranks.send_call("join", uid)
-            comm = Communicator(0, N, uid, self.gpu)   # returns once every rank has joined
+            comm = self.split.join(uid, self.gpu)    # returns once every rank has joined
             self.ranks.replies()
         before, _ = self.gpu.memory()
         self.model = Model(self.weights, rank_config(self.config, self.shard), self.gpu, self.kernels, B, L, tokens,
@@ -126,6 +127,7 @@ class Engine:
             self.ranks.send_call("capture", self.graphs.picks())
             self.graphs.capture(self.graphs.picks())
             self.ranks.replies()
+            self.split.check()
         elif self.graphs is not None:                # after the cache: the graphs hold its address
             self.graphs.capture()
         if self.graphs is not None:
@@ -145,7 +147,7 @@ class Engine:
                   f"{len(head)} of {len(g.head_us)} fused sizes: {', '.join(head) or 'none'}", file=sys.stderr)
         runner = GpuRunner(self.model, self.graphs)
         if self.ranks is not None:
-            runner = RankedRunner(runner, self.ranks, comm)
+            runner = RankedRunner(runner, self.split)
             print(f"tensor parallel: {N} ranks (GPUs 0-{N - 1}), {len(self.shard.heads)} query heads, "
                   f"{len(self.shard.kv_heads)} K/V heads and {len(self.shard.mlp):,} MLP columns a rank; "
                   f"{2 * self.config.num_hidden_layers} all-reduces and an all-gather a step", file=sys.stderr)
@@ -215,15 +217,24 @@ class Engine:
         return mine + [f"rank {r}: {name}" for r, names in enumerate(theirs, start=1) for name in names]
 
     def close(self) -> None:
-        """Stop the other ranks' processes (an engine on one GPU has none); also done when the engine is dropped."""
+        """Stop the other ranks' processes and free the communicator (an engine on one GPU has neither); also done
+        when the engine is dropped."""
         if self.ranks is not None:
-            self.ranks.close()
+            self._stop()
 
     def _forward(self, step: StepInputs, logits: DeviceArray | None = None) -> None:
         """model.forward outside the loop, on every rank (the others' logits into scratch buffers)."""
         if self.ranks is not None:
+            self.split.check()
             self.ranks.send("forward", step, 0 if logits is None else logits.shape[0])
         self.model.forward(step, logits)
+
+    def _to_host(self, arr: DeviceArray) -> np.ndarray:
+        """gpu.to_host, then the ranks checked: a wait that a failed rank's abort ended gives no true values."""
+        host = self.gpu.to_host(arr)
+        if self.ranks is not None:
+            self.split.check()
+        return host
 
     def embed(self, token_ids) -> np.ndarray:
         """Hidden rows (T, H) as bf16 bits for the given ids: the first step of every forward pass."""
@@ -252,7 +263,7 @@ class Engine:
                                   + pos % self.block_size, zeros, pos - first, zeros, zeros, spans,
                                   _table_entries(table) if first == 0 else np.zeros((0, 2), np.int32))
                 self._forward(step, self.model.row_view(out, first, len(pos)))
-        return self.gpu.to_host(out)
+        return self._to_host(out)
 
     @contextlib.contextmanager
     def borrowed_blocks(self, positions: int):
@@ -302,7 +313,7 @@ class _TeacherForced(GpuRunner):
     def launch(self, x: StepInputs) -> Ready:
         self.engine._forward(x)
         n = len(x.logit_rows)
-        logits = self.model.gpu.to_host(self.model.row_view(self.model.logits, 0, n)) if n else []
+        logits = self.engine._to_host(self.model.row_view(self.model.logits, 0, n)) if n else []
         by_slot = {s.seq_slot: s for s in self.loop.scheduler.running}
         chosen = []
         for row, slot in zip(logits, x.logit_seq_slots):

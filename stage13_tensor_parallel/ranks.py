@@ -5,16 +5,21 @@
     ranks.send(method, *args)           every other rank calls part.method(*args), in the order sent; no reply
     ranks.call(method, *args)           the same, then wait for each rank's return value (a list, rank 1 first)
     ranks.check()                       raise RankError if a rank has failed or exited
-    ranks.close()                       stop them all and wait; a rank that does not stop is terminated
+    ranks.watch(on_gone)                from now on a thread looks every 50 ms whether each rank's process lives,
+                                        and calls on_gone() once if one has gone
+    ranks.close()                       stop them all and wait (graceful=False: terminate them at once)
 
 Each step, rank 0 sends the step's inputs (packing.StepInputs: a few numpy arrays, pickled into a pipe a rank;
 bench_ranks.py times it) and every rank launches the same kernels and collectives on its own GPU; only rank 0
 reads the sampled ids back. A rank whose method raises sends its error as one line and exits: rank 0 raises it as
-RankError at its next check, and the engine closes every rank (nothing is left running).
+RankError. A rank that has gone leaves rank 0's collectives waiting for it forever: the watch's on_gone aborts them
+(worker.py), so that rank 0's waits end and it can say which rank failed.
 """
 from __future__ import annotations
 
 import multiprocessing
+import signal
+import threading
 import time
 
 
@@ -23,6 +28,8 @@ class RankError(RuntimeError):
 
 
 class Ranks:
+    CHECK_EVERY_S = 0.05
+
     def __init__(self, size: int, build, args: tuple = (), start_timeout_s: float = 900):
         ctx = multiprocessing.get_context("spawn")
         if multiprocessing.current_process().daemon:     # the server's engine process (common/serve)
@@ -36,7 +43,8 @@ class Ranks:
             child.close()
             self.conns.append(conn)
             self.procs.append(proc)
-        self.closed = False
+        self.closed, self.gone = False, None       # gone: the first rank the watch saw exit
+        self._stop_watch = threading.Event()
 
     def ready(self) -> None:
         """Wait until every rank has built its part (raising the first one's failure)."""
@@ -44,22 +52,19 @@ class Ranks:
             self._reply(r, self.start_timeout_s)
 
     def send(self, method: str, *args) -> None:
-        for conn in self.conns:
-            conn.send((method, args, False))
+        self._send((method, args, False))
 
     def call(self, method: str, *args) -> list:
-        for conn in self.conns:
-            conn.send((method, args, True))
+        self.send_call(method, *args)
         return self.replies()
+
+    def send_call(self, method: str, *args) -> None:
+        """call() without waiting: its replies come with replies() (rank 0 can take part in between)."""
+        self._send((method, args, True))
 
     def replies(self) -> list:
         """Each rank's return value of the last call sent with a reply wanted (call(), or send_call())."""
         return [self._reply(r) for r in range(1, self.size)]
-
-    def send_call(self, method: str, *args) -> None:
-        """call() without waiting: its replies come with replies() (rank 0 can take part in between)."""
-        for conn in self.conns:
-            conn.send((method, args, True))
 
     def check(self) -> None:
         for r, (conn, proc) in enumerate(zip(self.conns, self.procs), start=1):
@@ -68,28 +73,51 @@ class Ranks:
             if not proc.is_alive():
                 self._exited(r)
 
-    def close(self, timeout_s: float = 10) -> None:
+    def watch(self, on_gone) -> None:
+        def look() -> None:
+            while not self._stop_watch.wait(self.CHECK_EVERY_S):
+                for r, proc in enumerate(self.procs, start=1):
+                    if not proc.is_alive():
+                        self.gone = r
+                        on_gone()
+                        return
+
+        threading.Thread(target=look, name="ranks' watch", daemon=True).start()
+
+    def close(self, graceful: bool = True, timeout_s: float = 10) -> None:
         if self.closed:
             return
         self.closed = True
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs:
-            proc.join(max(deadline - time.monotonic(), 0))
+        self._stop_watch.set()
+        if graceful:          # each rank reads its pipe: told to stop, it finishes what it was sent and exits
+            for conn, proc in zip(self.conns, self.procs):
+                if proc.is_alive():
+                    try:
+                        conn.send(None)
+                    except OSError:
+                        pass
+            deadline = time.monotonic() + timeout_s
+            for proc in self.procs:
+                proc.join(max(deadline - time.monotonic(), 0))
+        for proc in self.procs:          # after a failure a rank may be stuck on its GPU, its pipe unread
             if proc.is_alive():
                 proc.terminate()
-                proc.join()
+            proc.join()
         for conn in self.conns:
             conn.close()
+
+    def _send(self, message) -> None:
+        for r, conn in enumerate(self.conns, start=1):
+            try:
+                conn.send(message)
+            except OSError:                       # its end is closed: it has gone, perhaps saying why first
+                self.check()
+                raise RankError(f"rank {r} stopped reading its pipe") from None
 
     def _reply(self, r: int, timeout_s: float | None = None):
         conn, proc = self.conns[r - 1], self.procs[r - 1]
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not conn.poll(0.05):
+        while not conn.poll(self.CHECK_EVERY_S):
             if not proc.is_alive():
                 if conn.poll():                   # its last words came just before it went
                     break
@@ -115,17 +143,23 @@ class Ranks:
 
 
 def _serve(rank: int, size: int, conn, build, args: tuple) -> None:
-    """A rank's process: build its part, say so, then run each method sent until told to stop (None)."""
+    """A rank's process: build its part, say so, then run each method sent until told to stop (None) or rank 0 is
+    gone. Ctrl-C reaches every process of the terminal: rank 0 alone answers it (it stops the others)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         part = build(rank, size, *args)
         conn.send(("ok", None))
-        while (message := conn.recv()) is not None:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:                      # rank 0 is gone: so is the engine
+                return
+            if message is None:
+                return
             method, margs, reply = message
             result = getattr(part, method)(*margs)
             if reply:
                 conn.send(("ok", result))
-    except EOFError:                              # rank 0 is gone: so is the engine
-        pass
     except BaseException as e:                    # noqa: BLE001 - every failure is reported, in one line
         line = f"{type(e).__name__}: {e}".splitlines()[0]
         try:

@@ -53,6 +53,8 @@ def plan(config: LlamaConfig, size: int) -> list[Shard]:
     if inter % size:
         raise ValueError(f"tensor_parallel_size={size} does not divide intermediate_size={inter}")
     heads, mlp, rows = nh // size, inter // size, -(-V // size)
+    if (size - 1) * rows >= V:
+        raise ValueError(f"tensor_parallel_size={size} leaves the last rank no rows of vocab_size={V}")
     shards = []
     for r in range(size):
         first_kv = r * nkv // size if nkv < size else r * (nkv // size)   # a copy: the head its queries read

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -88,11 +89,12 @@ def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True, buffers: int
               for lo in range(0, arrays[e.name].nbytes, BUFFER_BYTES)]
     stage = gpu.staging(buffers * BUFFER_BYTES)    # one pinned block, cut into `buffers` buffers
     buffer_free = [None] * buffers                 # event: the DMA out of that buffer has finished
+    flat = _Contiguous(arrays, pieces)
 
     def fill(i: int) -> None:                      # runs on a worker thread: file bytes -> pinned buffer
         e, lo, n = pieces[i]
         base = (i % buffers) * BUFFER_BYTES
-        stage.array[base:base + n] = np.ascontiguousarray(arrays[e.name]).reshape(-1).view(np.uint8)[lo:lo + n]
+        stage.array[base:base + n] = flat.piece(e.name, lo, n)
 
     def submit(i: int):
         if buffer_free[i % buffers] is not None:
@@ -121,6 +123,26 @@ def load_weights(ckpt: Checkpoint, gpu: Gpu, progress: bool = True, buffers: int
 
 def _whole(name: str, array: np.ndarray) -> np.ndarray:
     return array
+
+
+class _Contiguous:
+    """Each tensor's bytes for the staging threads: a view of the mapped file, or, for a part cut across its rows
+    (a rank's columns of o or down), one contiguous copy, made once and dropped after its last piece."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], pieces: list):
+        self.arrays, self.left, self.made, self.lock = arrays, {}, {}, threading.Lock()
+        for e, _, _ in pieces:
+            self.left[e.name] = self.left.get(e.name, 0) + 1
+
+    def piece(self, name: str, lo: int, n: int) -> np.ndarray:
+        with self.lock:
+            if name not in self.made:
+                self.made[name] = np.ascontiguousarray(self.arrays[name]).reshape(-1).view(np.uint8)
+            flat = self.made[name]
+            self.left[name] -= 1
+            if not self.left[name]:
+                del self.made[name]
+        return flat[lo:lo + n]
 
 
 def arena_layout(ckpt: Checkpoint, nbytes: dict[str, int] | None = None) -> tuple[dict[str, int], int]:

@@ -7,12 +7,13 @@ rank 0's side of each step.
     .capture(picks)                     its decode graphs, with rank 0's kernel choices (all ranks at once)
     .admit(...), .launch(step)          each step as rank 0 sends it: the same kernels and collectives
 
-    RankedRunner(runner, ranks, comm)   rank 0's runner: every admission and step goes to the other ranks first;
-                                        the sampled ids are waited for while the other ranks are watched
+    Split(ranks)                        rank 0's hold on the others: .join(uid, gpu) (watched), .check(), .stop()
+    RankedRunner(runner, split)         rank 0's runner: every admission and step goes to the other ranks first;
+                                        a rank gone is raised at the next launch or read of ids
 """
 from __future__ import annotations
 
-import time
+import threading
 
 from common.checkpoint import Checkpoint
 from common.device import Gpu
@@ -75,48 +76,89 @@ class Worker:
         return verify(self.weights, self.checkpoint, self.kernels, self.part)
 
 
-class WatchedIds:
-    """A step's sampled ids on rank 0, waited for while the other ranks are watched: if one has failed, the
-    collectives it will never join are aborted, every rank is stopped and its error raised (a plain wait would
-    hang forever)."""
+class Split:
+    """Rank 0's hold on a split model: the other ranks and its communicator, stopped together, once (the engine's
+    close(), its finalizer, or a rank's failure)."""
 
-    CHECK_EVERY_S = 0.05
+    def __init__(self, ranks):
+        self.ranks, self.comm = ranks, None
 
-    def __init__(self, ids, ranks, comm: Communicator):
-        self.ids, self.ranks, self.comm = ids, ranks, comm
+    def join(self, uid: bytes, gpu) -> Communicator:
+        """Rank 0's place in the communicator, taken on a helper thread while the others are watched: NCCL's init
+        waits for every rank, and would wait forever for one that failed first."""
+        joined: dict = {}
 
-    def result(self):
-        event, next_check = self.ids.copied, time.monotonic() + self.CHECK_EVERY_S
-        while not event.is_done:
-            if time.monotonic() > next_check:
-                self.watch()
-                next_check = time.monotonic() + self.CHECK_EVERY_S
-        return self.ids.result()
+        def join() -> None:
+            try:
+                joined["comm"] = Communicator(0, self.ranks.size, uid, gpu)
+            except BaseException as e:           # noqa: BLE001 - raised on the engine's thread below
+                joined["error"] = e
 
-    def watch(self) -> None:
+        helper = threading.Thread(target=join, name="rank 0 joins", daemon=True)
+        helper.start()
+        while helper.is_alive():
+            helper.join(self.ranks.CHECK_EVERY_S)
+            if helper.is_alive():
+                self.ranks.check()
+        if "error" in joined:
+            raise joined["error"]
+        self.comm = joined["comm"]
+        self.ranks.watch(self.comm.abort)        # from now on a rank gone aborts the collectives rank 0 waits on
+        return self.comm
+
+    def check(self) -> None:
+        """Raise a failed rank's line (RankError), everything stopped first; nothing if all are well."""
         try:
             self.ranks.check()
-        except RankError:                # the step will never finish: stop waiting for it, and every rank
-            self.comm.abort()
-            self.ranks.close()
+            if self.ranks.gone is not None:
+                raise RankError(f"rank {self.ranks.gone} exited")
+        except RankError:
+            self.stop(graceful=False)
             raise
+
+    def stop(self, graceful: bool = True) -> None:
+        if self.comm is not None:
+            if graceful and self.ranks.gone is None:
+                self.comm.close()
+            else:
+                self.comm.abort()
+        self.ranks.close(graceful and self.ranks.gone is None)
+
+
+class CheckedIds:
+    """A step's sampled ids on rank 0, read back, then the ranks checked: if one has gone, its collectives were
+    aborted (Split.join's watch), the ids are not to be trusted, and its failure is raised instead."""
+
+    def __init__(self, ids, split: Split):
+        self.ids, self.split = ids, split
+
+    def result(self):
+        ids = self.ids.result()
+        if self.split.ranks.gone is not None:
+            self.split.check()
+        return ids
 
 
 class RankedRunner:
     """GpuRunner on rank 0 of several: admit() and launch() are sent to the other ranks first, so every rank
     launches the same step's kernels and collectives on its own GPU; rank 0 alone reads the sampled ids."""
 
-    def __init__(self, runner: GpuRunner, ranks, comm: Communicator):
-        self.runner, self.ranks, self.comm = runner, ranks, comm
+    def __init__(self, runner: GpuRunner, split: Split):
+        self.runner, self.split = runner, split
         self.model = runner.model
 
     def admit(self, seq) -> None:
-        self.ranks.send("admit", seq.seq_slot, seq.params, seq.seed)
+        self._send("admit", seq.seq_slot, seq.params, seq.seed)
         self.runner.admit(seq)
 
-    def launch(self, x) -> WatchedIds:
-        ids = WatchedIds(None, self.ranks, self.comm)
-        ids.watch()
-        self.ranks.send("launch", x)
-        ids.ids = self.runner.launch(x)
-        return ids
+    def launch(self, x) -> CheckedIds:
+        self.split.check()
+        self._send("launch", x)
+        return CheckedIds(self.runner.launch(x), self.split)
+
+    def _send(self, method: str, *args) -> None:
+        try:
+            self.split.ranks.send(method, *args)
+        except RankError:
+            self.split.stop(graceful=False)
+            raise

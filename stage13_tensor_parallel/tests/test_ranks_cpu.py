@@ -1,14 +1,15 @@
 """CPU: the other ranks' processes (ranks.py) with parts that need no GPU. Each rank runs what rank 0 sends, in
 order; a rank whose part fails or whose process exits surfaces on rank 0 as one line naming it, and afterwards no
-rank's process is left running; rank 0, waiting for a step's ids, stops waiting when a rank fails (worker.py)."""
+rank's process is left running; rank 0, waiting to join or for a step's collectives, stops waiting when a rank
+fails (worker.py's Split, with a communicator that records its abort)."""
 import os
+import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from ..ranks import RankError, Ranks
-from ..worker import WatchedIds
 
 
 class Part:
@@ -89,14 +90,51 @@ def test_a_rank_that_cannot_build_its_part_fails_the_start():
     assert not r.procs[0].is_alive()
 
 
-def test_waiting_for_a_step_stops_when_a_rank_fails(ranks, monkeypatch):
-    """A step whose ids never come (a collective waiting for the failed rank): the wait aborts the communicator,
-    closes every rank and raises the rank's error."""
-    monkeypatch.setattr(WatchedIds, "CHECK_EVERY_S", 0.0)
-    aborted = []
-    never = SimpleNamespace(copied=SimpleNamespace(is_done=False))
-    ranks.send("fail_on", 3)
-    ids = WatchedIds(never, ranks, SimpleNamespace(abort=lambda: aborted.append(True)))
-    with pytest.raises(RankError, match="^rank 3: ValueError"):
+class FakeComm:
+    def __init__(self, *args):
+        self.aborted = threading.Event()
+
+    def abort(self):
+        self.aborted.set()
+
+
+class StuckComm(FakeComm):
+    """NCCL's init waiting for every rank: here, forever."""
+
+    def __init__(self, *args):
+        super().__init__()
+        threading.Event().wait()
+
+
+def test_a_rank_gone_mid_step_aborts_rank_0_s_collectives_and_its_failure_is_raised(ranks, monkeypatch):
+    """The watch sees the rank's process gone and aborts the communicator (a wait for the step's collectives would
+    never end otherwise); the step's ids, read after, are not trusted: the rank's line is raised, every rank
+    stopped."""
+    from .. import worker
+
+    monkeypatch.setattr(worker, "Communicator", FakeComm)
+    split = worker.Split(ranks)
+    comm = split.join(b"", None)
+    ranks.send("exit_on", 2)
+    assert comm.aborted.wait(60)
+    ids = worker.CheckedIds(SimpleNamespace(result=lambda: "ids"), split)
+    with pytest.raises(RankError, match=r"^rank 2 exited \(code 3\)$"):
         ids.result()
-    assert aborted == [True] and ranks.closed and not any(p.is_alive() for p in ranks.procs)
+    assert ranks.closed and not any(p.is_alive() for p in ranks.procs)
+
+
+def test_rank_0_waiting_to_join_stops_when_a_rank_fails(ranks, monkeypatch):
+    from .. import worker
+
+    monkeypatch.setattr(worker, "Communicator", StuckComm)
+    ranks.send("fail_on", 1)
+    with pytest.raises(RankError, match=r"^rank 1: ValueError: planted on rank 1$"):
+        worker.Split(ranks).join(b"", None)
+
+
+def test_sending_to_a_rank_that_is_gone_is_its_failure(ranks):
+    ranks.send("exit_on", 3)
+    until_raises(ranks.check)
+    with pytest.raises(RankError, match="rank 3"):
+        for _ in range(1000):              # until its end of the pipe is seen closed
+            ranks.send("add", 1)

@@ -167,3 +167,32 @@ def test_a_rank_s_config_is_its_heads_and_columns_and_its_arena_holds_its_parts(
         assert offsets[k] == offsets[q] + sizes[q] and offsets[v] == offsets[k] + sizes[k]
         assert sizes[q] == 2 * 16 * 64 * 2 and sizes["model.embed_tokens.weight"] == cfg.vocab_size * 64 * 2
         assert total < arena_layout(ckpt)[1]
+
+
+def test_a_rank_s_parts_reach_the_staging_buffers_whole_and_in_order(tiny_dir):
+    """The bytes load_weights stages for each part, pieces of at most a staging buffer, put back together, are the
+    part's (o and down are column shards: strided views, copied contiguous once), and no copy outlives its
+    tensor's last piece."""
+    from ..weights import _Contiguous
+    from ..worker import shard_part
+
+    ckpt = Checkpoint(tiny_dir)
+    part = shard_part(ckpt.config, plan(ckpt.config, 2)[1])
+    arrays = {e.name: part(e.name, ckpt.raw(e.name)) for e in ckpt.file_order()}
+    size = 1000                                                  # bytes a piece: tensors cut in several
+    pieces = [(e, lo, min(size, arrays[e.name].nbytes - lo)) for e in ckpt.file_order()
+              for lo in range(0, arrays[e.name].nbytes, size)]
+    flat = _Contiguous(arrays, pieces)
+    got = {}
+    for e, lo, n in pieces:
+        got.setdefault(e.name, []).append(flat.piece(e.name, lo, n).copy())
+    assert not flat.made
+    for name, a in arrays.items():
+        assert np.concatenate(got[name]).tobytes() == np.ascontiguousarray(a).tobytes(), name
+    assert not arrays["model.layers.0.self_attn.o_proj.weight"].flags.c_contiguous
+
+
+def test_a_vocabulary_too_small_to_give_every_rank_a_slice_is_refused():
+    cfg = replace(PRESETS["tiny"], vocab_size=5, num_attention_heads=4, num_key_value_heads=4)
+    with pytest.raises(ValueError, match="tensor_parallel_size=4 leaves the last rank no rows of vocab_size=5"):
+        plan(cfg, 4)
