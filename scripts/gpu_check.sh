@@ -5,8 +5,9 @@
 # B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
 # ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat),
 # ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and
-# max_model_len RAGGED_LEN), serve, serve-rate (the server under load), or all (default; longer than one 10-minute
-# run).
+# max_model_len RAGGED_LEN), serve, serve-rate (the server under load), multigpu (stage13 split over the machine's
+# GPUs: its tests, then `latency` and `ragged` at TP = 1, 2 and 4 where there are as many), or all (default; longer
+# than one 10-minute run).
 # LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests,
 # TEST_ARGS more pytest arguments (-k ...), CLI_STAGES the CLIs the tests part runs.
 # e.g. bash scripts/gpu_check.sh gpu-logs tests   (LOGS_TAR=F: also one archive of the logs at F)
@@ -17,6 +18,7 @@ part=${2:-all}
 want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 TINY_VLLM_CACHE=${TINY_VLLM_CACHE:-/tmp/tiny-vllm-cache}
+export NCCL_NVLS_ENABLE=0    # NVLink multicast off: the shared machines require it
 if [ -d .whl ]; then  # a machine without nvmath-python installed: install the wheels in .whl/
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
@@ -127,6 +129,18 @@ if want ragged-kv; then   # the same KV cache memory for every engine: what pagi
     run "harness-ragged-kv$gib" python3 -m common.bench --stages ${RAGGED_STAGES:-06,07} --workload ragged \
         --kv-cache-gib "$gib" --max-model-len ${RAGGED_LEN:-4096} --out "$logs"
   done
+fi
+gpus=$(nvidia-smi -L | wc -l)
+if want multigpu && [ "$gpus" -lt 2 ]; then
+  echo "== multigpu: $gpus GPU here, nothing to split over"
+elif want multigpu; then    # a machine of several GPUs: stage13's split, tested then measured
+  tps=13; for k in 2 4; do [ "$gpus" -ge "$k" ] && tps="$tps,13-tp$k"; done
+  run gpu-tests-multigpu python3 -m pytest -m multigpu -p no:cacheprovider -q -rs stage13_tensor_parallel
+  run harness-latency-1b-tp python3 -m common.bench --stages 13,13-tp2 --workload latency --out "$logs"
+  run harness-latency-8b-tp python3 -m common.bench --model llama-3.1-8b --stages "$tps" --workload latency \
+      --out "$logs"
+  run harness-ragged-8b-tp python3 -m common.bench --model llama-3.1-8b --stages "$tps" --workload ragged \
+      --out "$logs"
 fi
 if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q

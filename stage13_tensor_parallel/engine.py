@@ -28,7 +28,7 @@ import weakref
 import numpy as np
 
 from common.checkpoint import Checkpoint
-from common.device import DeviceArray, get_gpu
+from common.device import DeviceArray, get_gpu, gpu_count
 from common.outputs import RequestOutput
 from common.prompts import PromptPreparer
 from common.sampling import SamplingParams
@@ -81,6 +81,8 @@ class Engine:
         self.config = self.checkpoint.config
         N = tensor_parallel_size
         self.shard = plan(self.config, N)[0]               # a size that cannot split the model: refused here too
+        if N > 1 and gpu_count() < N:
+            raise ValueError(f"tensor_parallel_size={N} needs {N} GPUs; this machine has {gpu_count()}")
         self.prompts = PromptPreparer(self.folder, self.config, max_model_len)
         self.tokenizer = self.prompts.tokenizer
         self.max_model_len = L = self.prompts.max_model_len

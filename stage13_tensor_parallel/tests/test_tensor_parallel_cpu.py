@@ -196,3 +196,14 @@ def test_a_vocabulary_too_small_to_give_every_rank_a_slice_is_refused():
     cfg = replace(PRESETS["tiny"], vocab_size=5, num_attention_heads=4, num_key_value_heads=4)
     with pytest.raises(ValueError, match="tensor_parallel_size=4 leaves the last rank no rows of vocab_size=5"):
         plan(cfg, 4)
+
+
+def test_the_engine_refuses_more_ranks_than_gpus_before_starting_any(tiny_dir):
+    from common.device import gpu_count
+
+    from ..engine import Engine
+
+    if gpu_count() >= 4:
+        pytest.skip(f"{gpu_count()} GPUs here: tiny's 4 heads cannot be split over more")
+    with pytest.raises(ValueError, match=f"tensor_parallel_size=4 needs 4 GPUs; this machine has {gpu_count()}"):
+        Engine(str(tiny_dir), tensor_parallel_size=4)
