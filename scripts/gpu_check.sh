@@ -6,8 +6,8 @@
 # ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat),
 # ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and
 # max_model_len RAGGED_LEN), serve, serve-rate (the server under load), multigpu (stage13 split over the machine's
-# GPUs: its tests, then `latency` and `ragged` at TP = 1, 2 and 4 where there are as many), or all (default; longer
-# than one 10-minute run).
+# GPUs: its tests, rank 0's profile, then `latency` and `ragged` at TP = 1, 2 and 4 where there are as many), or
+# all (default; longer than one 10-minute run).
 # LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests,
 # TEST_ARGS more pytest arguments (-k ...), CLI_STAGES the CLIs the tests part runs.
 # e.g. bash scripts/gpu_check.sh gpu-logs tests   (LOGS_TAR=F: also one archive of the logs at F)
@@ -136,6 +136,9 @@ if want multigpu && [ "$gpus" -lt 2 ]; then
 elif want multigpu; then    # a machine of several GPUs: stage13's split, tested then measured
   tps=13; for k in 2 4; do [ "$gpus" -ge "$k" ] && tps="$tps,13-tp$k"; done
   run gpu-tests-multigpu python3 -m pytest -m multigpu -p no:cacheprovider -q -rs stage13_tensor_parallel
+  run profile-13-b1-tp2 python3 -m common.profile --stage 13 --batch 1 --tensor-parallel-size 2 --out "$logs"
+  run profile-13-b1-tp2-8b python3 -m common.profile --stage 13 --batch 1 --tensor-parallel-size 2 \
+      --model llama-3.1-8b --out "$logs"
   run harness-latency-1b-tp python3 -m common.bench --stages 13,13-tp2 --workload latency --out "$logs"
   run harness-latency-8b-tp python3 -m common.bench --model llama-3.1-8b --stages "$tps" --workload latency \
       --out "$logs"

@@ -10,6 +10,7 @@ import pytest
 from common.checkpoint import Checkpoint
 from common.bench.profile import (FLOORED, ORDER, Declaration, cut_steps, engine_kwargs, exposed_ns, floor_bytes,
                             format_profile, idle_ns, label_step, read_declaration, step_figures, summarize)
+from common.synthetic import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = SimpleNamespace(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -201,6 +202,29 @@ def test_each_engine_gets_its_batch_size_under_the_name_it_takes():
     with pytest.raises(SystemExit, match="no enforce_eager"):
         engine_kwargs("s", engines["05"], 1, 2048, True)
     assert engine_kwargs("s", engines["10"], 1, 2048, True)["enforce_eager"] is True
+
+
+def test_a_split_model_s_step_counts_nccl_s_kernels_as_collectives_and_rank_0_s_share_of_the_weights():
+    """Rank 0 of a model split over GPUs: NCCL's kernels (C++ names, mangled) are the collectives, taking no GEMM's
+    place; its floors are its own shapes' and its slice of the LM head's; a stage without the split refuses it."""
+    declared = read_declaration(stage("13"))
+    one = ["rms_norm", "nvjet_qkv", "rope_kv_write", "attention_tiles_hd64", "nvjet_o",
+           "_Z33ncclDevKernel_AllReduce_Sum_bf16_RING_LLP24ncclDevKernelArgsStorage", "add_rms_norm",
+           "nvjet_gate_up", "silu_mul", "nvjet_down", "_Z33ncclDevKernel_AllReduce_Sum_bf16_RING_LLv"]
+    names = ["embedding_gather", *one, "add_rms_norm", "embedding_gather", "nvjet_head",
+             "_Z31ncclDevKernel_AllGather_RING_LLv", "sample_tokens"]
+    labels = label_step(names, 1, declared)
+    assert labels.count("collectives") == 3 and labels[-3:] == ["gemm lm_head", "collectives", "sample"]
+    assert [g for g in labels if g.startswith("gemm")] == ["gemm qkv", "gemm o", "gemm gate_up", "gemm down",
+                                                           "gemm lm_head"]
+    c = PRESETS["llama-3.2-1b"]
+    whole, slice_ = floor_bytes(c, 1, [1]), floor_bytes(c, 1, [1], head_rows=c.vocab_size // 2)
+    assert slice_["gemm lm_head"] < whole["gemm lm_head"] and slice_["sample"] == whole["sample"]
+    assert whole["collectives"] == 0
+    assert engine_kwargs("s", importlib.import_module(stage("13")).Engine, 1, 2048, False, 2)[
+        "tensor_parallel_size"] == 2
+    with pytest.raises(SystemExit, match="runs on one GPU"):
+        engine_kwargs("s", importlib.import_module(stage("12")).Engine, 1, 2048, False, 2)
 
 
 def test_without_a_gpu_the_profile_says_so_in_one_line(capsys):

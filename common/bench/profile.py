@@ -42,6 +42,11 @@ the rows' cache lengths (a stage declaring a group without one is refused, namin
     embedding   the rows gathered: read and written (the token embedding, and the logit rows' gather)
     sample      the logits read
     block tables  nothing a decode step needs
+    collectives NCCL's kernels (a model split over GPUs, --tensor-parallel-size): none of memory; their floor is
+                the links', and the table shows their time, the all-reduces' share of the step
+
+Split over N GPUs the profile is rank 0's: its share of every GEMM (the floors from its shapes, the LM head its
+slice of the vocabulary) and the collectives that join it to the others.
 
 A kernel's time is its time on the step's critical path (exposed_ns: kernels launched early overlap the one
 before, and are counted from its end). A step's figures: its wall time (host, through step(); None where
@@ -68,10 +73,10 @@ from common.synthetic import resolve_model
 GEMMS = ("qkv", "o", "gate_up", "down")
 GEMM = "gemm"                     # a declared GEMM kernel: it takes the next GEMM of the step's fixed order
 FLOORED = ("embedding", "norms", "gemm qkv", "rope", "kv_write", "attention", "gemm o", "gemm gate_up", "silu_mul",
-           "gemm down", "gemm lm_head", "sample", "block tables")   # the groups floor_bytes() has a formula for
+           "gemm down", "gemm lm_head", "sample", "block tables", "collectives")   # the groups floor_bytes() has a formula for
 # the order of a table's groups: every group with a floor, and the fused ones where their parts would be
 ORDER = ["embedding", "norms", "gemm qkv", "rope", "kv_write", "rope + kv_write", "attention", "gemm o",
-         "gemm gate_up", "silu_mul", "gemm down", "gemm lm_head", "sample", "block tables"]
+         "gemm gate_up", "silu_mul", "gemm down", "gemm lm_head", "sample", "block tables", "collectives"]
 WARM_STEPS = 8                    # decode steps before the profiled ones: every kernel loaded, every shape seen
 
 
@@ -101,6 +106,8 @@ class Declaration:
         the stage does not declare (cuBLAS's); None for one it declares outside decode steps."""
         if name in self.groups:
             return self.groups[name]
+        if "nccl" in name.lower():                # NCCL's own kernels (mangled C++ names): a split model's
+            return "collectives"
         prefixes = [p for p in self.groups if p.endswith("*") and name.startswith(p[:-1])]
         return self.groups[max(prefixes, key=len)] if prefixes else GEMM
 
@@ -157,17 +164,19 @@ def cut_steps(kernels: list[tuple], declared: Declaration) -> list[list[tuple]]:
     return pieces if pieces[0] else []
 
 
-def floor_bytes(config, rows: int, keys: list[int], fused: dict | None = None) -> dict[str, int]:
+def floor_bytes(config, rows: int, keys: list[int], fused: dict | None = None,
+                head_rows: int | None = None) -> dict[str, int]:
     """Bytes each group must move in one decode step of `rows` rows whose cache lengths (keys attended) are
     `keys`; bf16 activations and weights, f32 logits. `fused`: a stage's PROFILE_FUSED, whose groups' floors
-    are their parts' added."""
+    are their parts' added. `head_rows`: the LM head's rows where it is a slice of the vocabulary (a rank's)."""
     c = config
     H, nh, nkv, hd, inter, V = (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                 c.intermediate_size, c.vocab_size)
     L, b = c.num_hidden_layers, 2
     shapes = {"qkv": ((nh + 2 * nkv) * hd, H), "o": (H, nh * hd), "gate_up": (2 * inter, H), "down": (H, inter)}
     out = {f"gemm {g}": L * (n * k + rows * (n + k)) * b for g, (n, k) in shapes.items()}
-    out["gemm lm_head"] = V * H * b + rows * H * b + rows * V * 4
+    Vh = head_rows or V
+    out["gemm lm_head"] = Vh * H * b + rows * H * b + rows * Vh * 4
     out["norms"] = (2 * L + 1) * H * b + rows * H * b * (2 + 4 * 2 * L)   # rms_norm once; add_rms_norm 2L times
     out["rope"] = L * rows * ((nh + nkv) * hd * b * 2 + hd * 4)
     out["kv_write"] = L * rows * 2 * nkv * hd * b * 2
@@ -176,6 +185,7 @@ def floor_bytes(config, rows: int, keys: list[int], fused: dict | None = None) -
     out["embedding"] = 2 * rows * H * b * 2
     out["sample"] = rows * V * 4
     out["block tables"] = 0
+    out["collectives"] = 0
     for group, parts in (fused or {}).items():
         out[group] = sum(out[p] for p in parts)
     return out
@@ -273,11 +283,16 @@ def summarize(rows: list[dict], floors: dict[str, int], fused: dict, bandwidth_g
     return out
 
 
-def engine_kwargs(stage: str, engine_class, batch: int, max_model_len: int, enforce_eager: bool) -> dict:
+def engine_kwargs(stage: str, engine_class, batch: int, max_model_len: int, enforce_eager: bool,
+                  tensor_parallel_size: int = 1) -> dict:
     """The engine's constructor arguments for a profile of `batch` sequences (its batch size under the name it
-    takes)."""
+    takes), split over tensor_parallel_size GPUs where that is not 1."""
     params = inspect.signature(engine_class).parameters
     kwargs = {"max_model_len": max_model_len}
+    if tensor_parallel_size != 1:
+        if "tensor_parallel_size" not in params:
+            raise SystemExit(f"{stage} runs on one GPU (its Engine takes no tensor_parallel_size)")
+        kwargs["tensor_parallel_size"] = tensor_parallel_size
     size = next((n for n in ("max_num_seqs", "max_batch_size") if n in params), None)
     if size:
         kwargs[size] = max(batch, 1)
@@ -325,16 +340,22 @@ def record_by_generate(engine, recorder, prompt: list[int], batch: int, steps: i
     return [(piece, None) for piece in pieces[1 + WARM_STEPS:]]
 
 
-def profile(stage: str, batch: int, cache_length: int, steps: int, enforce_eager: bool) -> dict:
+def profile(stage: str, batch: int, cache_length: int, steps: int, enforce_eager: bool,
+            model: str = "llama-3.2-1b", tensor_parallel_size: int = 1) -> dict:
     from common.device import get_gpu
     from common.sampling import SamplingParams
 
     module = importlib.import_module(stage)
     declared = read_declaration(stage)
     by_step = hasattr(module.Engine, "add_request")
-    kwargs = engine_kwargs(stage, module.Engine, batch, max(2048, cache_length + steps + 80), enforce_eager)
-    engine = module.Engine(str(resolve_model("llama-3.2-1b")), **kwargs)
+    kwargs = engine_kwargs(stage, module.Engine, batch, max(2048, cache_length + steps + 80), enforce_eager,
+                           tensor_parallel_size)
+    engine = module.Engine(str(resolve_model(model)), **kwargs)
     config, gpu = engine.config, get_gpu()
+    head_rows, weight_bytes = None, engine.checkpoint.total_bytes
+    if tensor_parallel_size != 1:                  # rank 0's share: its shapes, its slice of the LM head
+        config, head_rows = engine.model.config, engine.weights.lm_head.shape[0]
+        weight_bytes = engine.weights.stats.bytes
     prompt = [128000] + [1000 + i % 5000 for i in range(cache_length - 1)]
     recorder = KernelRecorder()
     if by_step:
@@ -347,14 +368,16 @@ def profile(stage: str, batch: int, cache_length: int, steps: int, enforce_eager
     first_keys = cache_length + 1 + WARM_STEPS      # keys attended in the first profiled step: prompt, 9 tokens
     rows = [step_figures(kernels, declared, config.num_hidden_layers, wall, first_keys + i)
             for i, (kernels, wall) in enumerate(recorded)]
-    floors = floor_bytes(config, batch, [rows[len(rows) // 2]["keys"]] * batch, declared.fused)
+    floors = floor_bytes(config, batch, [rows[len(rows) // 2]["keys"]] * batch, declared.fused, head_rows)
     return {"stage": stage, "batch": batch, "cache_length": cache_length, "steps": steps,
+            **({"model": model} if model != "llama-3.2-1b" else {}),
+            **({"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size != 1 else {}),
             "enforce_eager": enforce_eager, "gpu": gpu.name, "copy_gb_per_s": bandwidth,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "decode_step": "one new token a sequence" if declared.keeps_cache else
             "a full forward over every position (no KV cache), against the floor of one new token",
             **summarize(rows, floors, declared.fused, bandwidth),
-            "weights_floor_us": engine.checkpoint.total_bytes / (bandwidth * 1e9) * 1e6,
+            "weights_floor_us": weight_bytes / (bandwidth * 1e9) * 1e6,
             "gemv_shapes": sorted(getattr(engine.model, "gemv_shapes", ())),   # (M, N, K) not through cuBLAS
             "steps_detail": rows}
 
@@ -393,6 +416,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-length", type=int, default=256, help="prompt tokens of each request")
     ap.add_argument("--steps", type=int, default=30, help="decode steps recorded (default: %(default)s)")
     ap.add_argument("--enforce-eager", action="store_true", help="a stage with CUDA graphs, without them")
+    ap.add_argument("--model", default="llama-3.2-1b", help="a preset or checkpoint folder (default: %(default)s)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="GPUs the model is split over (a stage that takes it); the profile is rank 0's")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                     help="where the profile's JSON goes (default: %(default)s)")
     args = ap.parse_args(argv)
@@ -411,12 +437,15 @@ def main(argv=None) -> int:
         import cupti  # noqa: F401
     except ImportError:
         ap.error("it needs NVIDIA's cupti-python: pip install -e \".[profile]\"")
-    p = profile(found[0], args.batch, args.cache_length, args.steps, args.enforce_eager)
+    p = profile(found[0], args.batch, args.cache_length, args.steps, args.enforce_eager, args.model,
+                args.tensor_parallel_size)
     print(format_profile(p))
     args.out.mkdir(parents=True, exist_ok=True)
     day, clock = p["date"][:10], p["date"][11:19].replace(":", "")
     name = (f"{p['gpu'].replace(' ', '-')}_{day}_profile-{found[0][5:7]}-b{args.batch}"
-            f"{'-eager' if args.enforce_eager else ''}_{clock}.json")
+            f"{'-eager' if args.enforce_eager else ''}"
+            f"{f'-tp{args.tensor_parallel_size}' if args.tensor_parallel_size != 1 else ''}"
+            f"{'' if args.model == 'llama-3.2-1b' else '-' + Path(args.model).name}_{clock}.json")
     (args.out / name).write_text(json.dumps(p, indent=1) + "\n")
     print(f"wrote {args.out / name}", file=sys.stderr)
     return 0
