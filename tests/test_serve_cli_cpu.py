@@ -23,6 +23,8 @@ from common.serve.__main__ import main
     (["--max-num-seqs", "0"], "--max-num-seqs 0: must be >= 1"),
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: must be in (0, 1]"),
     (["--max-waiting", "-1"], "--max-waiting -1: must be >= 0"),
+    (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2 starts a process a GPU, which the engine's own "
+                                      "process may not: add --no-engine-process"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(capsys, tiny_dir, argv, words):
     assert main(["--model", str(tiny_dir), *argv]) == 2
