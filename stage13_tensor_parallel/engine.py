@@ -94,7 +94,7 @@ class Engine:
         self.ranks, comm, part = None, None, None
         if N > 1:           # the other ranks load their shards while this one loads its own
             part = shard_part(self.config, self.shard)
-            self.ranks = Ranks(N, Worker, (self.folder, L, B, tokens, bs, enforce_eager))
+            self.ranks = Ranks(N, Worker, (self.folder, L, B, tokens, bs))
             self.split = Split(self.ranks)
             self._stop = weakref.finalize(self, self.split.stop)   # dropped or failed: every rank stopped
         self.weights = load_weights(self.checkpoint, self.gpu, progress=progress, part=part,

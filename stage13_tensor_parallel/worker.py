@@ -35,13 +35,12 @@ def shard_part(config, shard):
 
 class Worker:
     def __init__(self, rank: int, size: int, folder: str, max_model_len: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, block_size: int, enforce_eager: bool):
+                 max_num_batched_tokens: int, block_size: int):
         self.checkpoint = Checkpoint(folder)
         self.shard = plan(self.checkpoint.config, size)[rank]
         self.part = shard_part(self.checkpoint.config, self.shard)
         self.config = rank_config(self.checkpoint.config, self.shard)
         self.sizes = (max_num_seqs, max_model_len, max_num_batched_tokens, block_size)
-        self.enforce_eager = enforce_eager
         self.gpu = Gpu(rank)
         self.kernels = Kernels(self.gpu)
         self.weights = load_weights(self.checkpoint, self.gpu, progress=False, part=self.part, vocab=self.shard.vocab)
