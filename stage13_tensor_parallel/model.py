@@ -34,7 +34,7 @@ and, at the sizes of those in head_sizes, the final norm, the LM head and each r
 (gemv_norm_head; the sampler takes its ids for the greedy rows instead of reading the logits again).
 
 Split over N GPUs (tensor_parallel.py), each rank runs this forward with its own heads and MLP columns (its
-config says how many) and its slice of the LM head, and the ranks meet three times a step (communicator.py):
+config says how many) and its slice of the LM head, and the ranks meet in three places (communicator.py):
 
     d = a @ Wo_r^T;    all-reduce(d)       row-parallel: each rank's partial sum, summed on every rank, before
     d = act @ Wdown_r^T; all-reduce(d)     the norm adds it into x (fused: rank 0 adds x into its partial, the
