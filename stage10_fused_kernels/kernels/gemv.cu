@@ -33,7 +33,9 @@
 // stream, no normalised copy of x written and read back, and no bf16 rounding of it (the unfused path rounds
 // x r g to bf16 before its GEMM). g scales the 8 weights of a load once, not once a row. Every block sums its
 // squares in the same order, so every column of a row gets the same r_m. The residual add reads and writes one
-// element a column. Each fused kind still does more arithmetic a weight than the plain one, which matters where
+// element a column. What an epilogue reads besides its sums (the residual element; RoPE's position, its cos and
+// sin, the cache slot) is loaded before the stream, not after it: a block's last dependent trips to memory
+// would otherwise add to its tail, once a wave, where nothing else is in flight. Each fused kind still does more arithmetic a weight than the plain one, which matters where
 // M is large enough that the plain GEMV is no longer purely a stream; the engine times both (graphs.py). For SwiGLU a
 // block's first half of columns are gate rows j and its second half the up rows I + j of the same j, so the
 // block holds both factors of its outputs and multiplies them before anything is stored (the unfused path
@@ -98,25 +100,39 @@ __device__ __forceinline__ int pair_row(int p, int second, int n_cols, const Rop
     return p / half * rope.head_dim + p % half + (second ? half : 0);
 }
 
-// RoPE on the pair (a, b) of row m and pair p, stored into qkv (M, n_cols); k and v pairs also into the cache
-__device__ __forceinline__ void rope_store(float a, float b, int m, int p, __nv_bfloat16* __restrict__ qkv,
-                                           int n_cols, const Rope& rope) {
+// what the RoPE epilogue of pair p, row m needs besides its two sums: the rotation at the row's position and
+// the row's cache slot (loaded before the stream: the header)
+struct RopeAt {
+    float c, s;                                       // cos and sin of pair p's angle (q and k heads; v: unused)
+    int slot;                                         // -1: nothing into the cache
+};
+
+__device__ __forceinline__ RopeAt rope_at(int m, int p, const Rope& rope) {
     const int half = rope.head_dim / 2, head = p / half, i = p % half;
+    RopeAt at{0.0f, 0.0f, rope.slot_mapping[m]};
     if (head < rope.n_heads + rope.n_kv_heads) {     // a q or k head: rotated at the row's position
-        const long long at = static_cast<long long>(rope.positions[m]) * half + i;
-        const float c = rope.cos_table[at], s = rope.sin_table[at];
-        const float ra = a * c - b * s, rb = b * c + a * s;
+        const long long t = static_cast<long long>(rope.positions[m]) * half + i;
+        at.c = rope.cos_table[t], at.s = rope.sin_table[t];
+    }
+    return at;
+}
+
+// RoPE on the pair (a, b) of row m and pair p, stored into qkv (M, n_cols); k and v pairs also into the cache
+__device__ __forceinline__ void rope_store(float a, float b, int m, int p, const RopeAt& at,
+                                           __nv_bfloat16* __restrict__ qkv, int n_cols, const Rope& rope) {
+    const int half = rope.head_dim / 2, head = p / half, i = p % half;
+    if (head < rope.n_heads + rope.n_kv_heads) {     // a q or k head: rotated
+        const float ra = a * at.c - b * at.s, rb = b * at.c + a * at.s;
         a = ra, b = rb;
     }
     const __nv_bfloat16 qa = __float2bfloat16(a), qb = __float2bfloat16(b);
     __nv_bfloat16* row = qkv + static_cast<long long>(m) * n_cols + head * rope.head_dim;
     row[i] = qa;
     row[i + half] = qb;
-    const int slot = rope.slot_mapping[m];
-    if (head < rope.n_heads || slot < 0) return;     // a query (attention reads it in qkv), or padding
+    if (head < rope.n_heads || at.slot < 0) return;  // a query (attention reads it in qkv), or padding
     const int kv = head - rope.n_heads;              // k heads 0..nkv-1, then v heads
     __nv_bfloat16* cache = kv < rope.n_kv_heads ? rope.k_cache : rope.v_cache;
-    __nv_bfloat16* dst = cache + (static_cast<long long>(slot) * rope.n_kv_heads + kv % rope.n_kv_heads) *
+    __nv_bfloat16* dst = cache + (static_cast<long long>(at.slot) * rope.n_kv_heads + kv % rope.n_kv_heads) *
                                  rope.head_dim;
     dst[i] = qa;
     dst[i + half] = qb;
@@ -202,10 +218,10 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
     __shared__ float partial[WARPS][M], partial_sq[WARPS][M], total[WARPS][M];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % column_warps;
     const int cols = WARPS / column_warps, col = warp / column_warps;   // columns a block; this warp's
+    const int half = cols / 2;                       // paired kinds: pairs a block
     if (paired<KIND> && cols < 2) __trap();          // a pair's two columns must be in one block
     int n, row;                                      // the output column (or pair), and the row of W that makes it
     if (paired<KIND>) {                              // columns [0, cols/2): first members of pairs; the rest: second
-        const int half = cols / 2;
         n = blockIdx.x * half + col % half;
         row = n < n_cols / 2 ? pair_row<KIND>(n, col >= half, n_cols, rope) : -1;
     } else {
@@ -227,6 +243,16 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
         if (valid && k < k_dim) early[i].word = __ldg(reinterpret_cast<const uint4*>(wrow + k));
     }
     wait_for_inputs();
+    // the paired epilogue's thread (pair, row) below: for RoPE it loads its rotation and cache slot now, so
+    // they arrive under the stream
+    const int pair = blockIdx.x * half + static_cast<int>(threadIdx.x) / M;
+    const bool pairs = threadIdx.x < half * M && pair < n_cols / 2;
+    const RopeAt at = KIND == NORM_ROPE && pairs ? rope_at(threadIdx.x % M, pair, rope) : RopeAt{};
+    // the residual add's thread (column, row) reads the element it adds to now, for the same reason
+    const int col_n = blockIdx.x * cols + static_cast<int>(threadIdx.x) / M;
+    const bool adds = KIND == RESIDUAL && threadIdx.x < cols * M && col_n < n_cols;
+    const long long at_out = static_cast<long long>(threadIdx.x % M) * n_cols + col_n;
+    const float residual = adds ? __bfloat162float(y[at_out]) : 0.0f;
     float acc[M], sq[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] = sq[m] = 0.0f;
@@ -262,27 +288,24 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
     if (paired<KIND>) {                              // column c meets its partner c + cols / 2
         if (mine) total[c][m] = sum;
         __syncthreads();
-        const int half = cols / 2, pair = blockIdx.x * half + c;
-        if (threadIdx.x >= half * M || pair >= n_cols / 2) return;
+        if (!pairs) return;                          // pair = blockIdx.x * half + c
         const float a = total[c][m], b = total[c + half][m];
         if (KIND == NORM_SILU) {                     // a = gate, b = up
             y[static_cast<long long>(m) * (n_cols / 2) + pair] = __float2bfloat16(a / (1.0f + __expf(-a)) * b);
         } else {
-            rope_store(a, b, m, pair, y, n_cols, rope);
+            rope_store(a, b, m, pair, at, y, n_cols, rope);
         }
         return;
     }
-    const int col_n = blockIdx.x * cols + c;
-    if (KIND == NORM_HEAD) {
+    if (KIND == NORM_HEAD) {                         // col_n = blockIdx.x * cols + c
         head_store<M>(sum, mine && col_n < n_cols, m, col_n, n_cols, head);
         return;
     }
     if (!mine || col_n >= n_cols) return;
-    __nv_bfloat16* out = y + static_cast<long long>(m) * n_cols + col_n;
     if (KIND == RESIDUAL) {                          // x + d in bf16, d rounded first, as the unfused add
-        *out = __float2bfloat16(__bfloat162float(*out) + __bfloat162float(__float2bfloat16(sum)));
+        y[at_out] = __float2bfloat16(residual + __bfloat162float(__float2bfloat16(sum)));
     } else {
-        *out = __float2bfloat16(sum);
+        y[at_out] = __float2bfloat16(sum);
     }
 }
 
