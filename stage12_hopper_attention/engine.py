@@ -100,11 +100,14 @@ class Engine:
                   f"{g.capture_s:.2f} s, {g.graph_bytes / 2**20:.1f} MiB; GEMMs timed now: {g.timed_now} of "
                   f"{len(g.gemm_us)}, the others as timed before on this machine ({g.timings_file})",
                   file=sys.stderr)
+            plain = [f"{name} M={m} ({t[0]:.1f} -> {t[1]:.1f} us)" for (name, m), t in g.gemm_us.items()
+                     if (m, *self.model.layers[0][name].shape) in self.model.plain_shapes]
+            print(f"gemv       unfused GEMMs through gemv.cu's plain GEMV where faster than cuBLAS, {len(plain)} of "
+                  f"{len(g.gemm_us)}: {', '.join(plain) or 'none'}", file=sys.stderr)
             fused = [f"M={m} ({unfused:.1f} -> {mine:.1f} us a layer)" for m, (unfused, mine) in g.fused_us.items()
                      if m in self.model.fused_sizes]
-            print(f"gemv       fused layers (norms, SwiGLU, residual adds in gemv.cu) where faster than cuBLAS and "
-                  f"the kernels between, for {len(fused)} of {len(g.fused_us)} sizes: {', '.join(fused) or 'none'}",
-                  file=sys.stderr)
+            print(f"gemv       fused layers (norms, SwiGLU, residual adds in gemv.cu) where faster than unfused, for "
+                  f"{len(fused)} of {len(g.fused_us)} sizes: {', '.join(fused) or 'none'}", file=sys.stderr)
             head = [f"M={m} ({apart:.1f} -> {one:.1f} us)" for m, (apart, one) in g.head_us.items()
                     if m in self.model.head_sizes]
             print(f"gemv       the final norm, LM head and greedy argmax in one GEMV where faster than apart, for "

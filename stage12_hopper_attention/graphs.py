@@ -17,10 +17,11 @@ grids and their arguments (pointers and scalars) are the captured ones. So:
   - the decode split's grid is the most blocks any step of that size may use (its keys at max_model_len); each
     step's keys per split is an input, and the blocks past a row's keys return at once.
 
-A small step may stream each layer GEMM through gemv.cu with its neighbours fused in (model.py). Before capture,
-at each captured size up to 8 rows, each fused GEMM is timed with 1, 2, 4 and 8 warps a column, and cuBLAS alone
-beside it (pick_gemms); then every layer's GEMMs with the kernels between them, fused at those warps against
-unfused (cuBLAS, the norms, silu_mul), and a size takes the faster (pick_fused); then, at each fused size, the
+A small step may stream each layer GEMM through gemv.cu, plain or with its neighbours fused in (model.py). Before
+capture, at each captured size up to 8 rows, each layer GEMM is timed through cuBLAS, through the plain GEMV and
+through the fused one, each GEMV with 1, 2, 4 and 8 warps a column (pick_gemms): the unfused path takes the plain
+GEMV where it beat cuBLAS. Then every layer's GEMMs with the kernels between them, fused against unfused (the
+faster of cuBLAS and the plain GEMV, the norms, rope, silu_mul), and a size takes the faster (pick_fused); then, at each fused size, the
 step's end (the final norm, the LM head, the greedy sampler) apart against in one GEMV (pick_head). Each is timed from a graph of all
 the layers (so the weights come from HBM, not L2, and no launch gap is timed), once per machine: the times are
 kept on disk (gemm_timings.py), so every later engine takes the same kernels and gives the same bits.
@@ -50,7 +51,7 @@ FIELDS = (("tokens", 1, 0), ("positions", 1, 0), ("slot_mapping", 1, -1), ("logi
 
 
 GEMM_BUFFERS = {"qkv": ("h", "qkv"), "o": ("attn", "d"), "gate_up": ("h", "gate_up"), "down": ("act", "d")}
-#                 cuBLAS's input and output for each layer GEMM, timed beside gemv.cu's fused kernel
+#                 the unfused path's input and output of each layer GEMM (cuBLAS, gemv.cu's plain GEMV)
 
 
 def gpu_us(gpu, work, repeats: int = 3) -> float:
@@ -68,34 +69,42 @@ def gpu_us(gpu, work, repeats: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def pick_gemms(model, sizes: list[int], timings: GemmTimings) -> dict[tuple[str, int], tuple[float, float, int]]:
-    """For each layer GEMM (qkv, o, gate_up, down) and each M in `sizes` up to GEMV_MAX_ROWS: the GPU time of one
-    through gemv.cu with its neighbours fused in (model.fused_gemm) at each of GEMV_COLUMN_WARPS warps a column
-    (those that give every lane a load; the paired kinds, qkv and gate_up, at most GEMV_PAIRED_MAX_WARPS), and
-    through cuBLAS alone for comparison, each the mean over every layer's weights of that name (a pass over them
-    all: the weights stream from HBM as in a step), or the times `timings` kept from an earlier engine on this
-    machine. model.gemv_shapes maps each (M, N, K) to its fastest warps a column. Returns (name, M) -> (cuBLAS
-    us, gemv us, column_warps)."""
+def pick_gemms(model, sizes: list[int], timings: GemmTimings) -> dict[tuple[str, int], tuple]:
+    """For each layer GEMM (qkv, o, gate_up, down) and each M in `sizes` up to GEMV_MAX_ROWS, the GPU time of one
+    through cuBLAS, through gemv.cu's plain GEMV (what the unfused path streams with) and through gemv.cu with its
+    neighbours fused in (model.fused_gemm), each gemv.cu kind at each of GEMV_COLUMN_WARPS warps a column (those
+    that give every lane a load; the paired kinds, qkv and gate_up, at most GEMV_PAIRED_MAX_WARPS) with its
+    fastest kept: each the mean over every layer's weights of that name (a pass over them all: the weights stream
+    from HBM as in a step), or the times `timings` kept from an earlier engine on this machine.
+    model.plain_shapes maps each (M, N, K) where the plain GEMV beat cuBLAS to its fastest warps a column;
+    model.gemv_shapes each (M, N, K) to the fused kind's. Returns (name, M) -> (cuBLAS us, plain us, its warps,
+    fused us, its warps)."""
     times = {}
     if not model.fusable:
         return times
+    L = len(model.layers)
     for name, (src, dst) in GEMM_BUFFERS.items():
-        (N, K), L = model.layers[0][name].shape, len(model.layers)
-        most = GEMV_PAIRED_MAX_WARPS if name in ("qkv", "gate_up") else max(GEMV_COLUMN_WARPS)
+        N, K = model.layers[0][name].shape
+        tried = [w for w in GEMV_COLUMN_WARPS if w == 1 or K >= 8 * 32 * w]
+        paired = [w for w in tried if w <= GEMV_PAIRED_MAX_WARPS] if name in ("qkv", "gate_up") else tried
         for m in (r for r in sizes if r <= GEMV_MAX_ROWS):
-            if (kept := timings.get("gemv", (name, m, N, K, L))) is None:
+            if (kept := timings.get("gemm", (name, m, N, K, L))) is None:
                 x, y = model.row_view(getattr(model, src), 0, m), model.row_view(getattr(model, dst), 0, m)
                 rows = padding_rows(model, m)
-                blas = gpu_us(model.gpu, lambda: [model.cublas.linear(x, layer[name], y)
-                                                  for layer in model.layers]) / L
-                mine, column_warps = min(
-                    (gpu_us(model.gpu, lambda: [model.fused_gemm(name, i, m, rows, warps) for i in range(L)]) / L,
-                     warps)
-                    for warps in GEMV_COLUMN_WARPS if warps <= most and (warps == 1 or K >= 8 * 32 * warps))
-                timings.put("gemv", (name, m, N, K, L), kept := [blas, mine, column_warps])
-            blas, mine, column_warps = kept
-            times[(name, m)] = (blas, mine, column_warps)
-            model.gemv_shapes[(m, N, K)] = column_warps
+
+                def per_layer(work) -> float:
+                    return gpu_us(model.gpu, lambda: [work(i) for i in range(L)]) / L
+
+                blas = per_layer(lambda i: model.cublas.linear(x, model.layers[i][name], y))
+                plain = min((per_layer(lambda i, w=w: model.kernels.gemv(x, model.layers[i][name], y, w)), w)
+                            for w in tried)
+                fused = min((per_layer(lambda i, w=w: model.fused_gemm(name, i, m, rows, w)), w) for w in paired)
+                timings.put("gemm", (name, m, N, K, L), kept := [blas, *plain, *fused])
+            times[(name, m)] = tuple(kept)
+            blas, plain, plain_warps, _, fused_warps = kept
+            if plain < blas:
+                model.plain_shapes[(m, N, K)] = plain_warps
+            model.gemv_shapes[(m, N, K)] = fused_warps
     return times
 
 
@@ -220,8 +229,8 @@ class DecodeGraphs:
         self.graphs: dict = {}
         self.capture_s, self.graph_bytes = 0.0, 0
         self.timed_now, self.timings_file = 0, None     # GEMM shapes timed by this engine; where the times are kept
-        self.gemm_us: dict[tuple[str, int], tuple[float, float, int]] = {}   # (name, M) -> cuBLAS us, gemv us,
-        #                                                                       column_warps (pick_gemms)
+        self.gemm_us: dict[tuple[str, int], tuple] = {}   # (name, M) -> cuBLAS us, plain gemv us, its warps,
+        #                                                    fused gemv us, its warps (pick_gemms)
         self.fused_us: dict[int, tuple[float, float]] = {}   # M -> a layer's unfused us, fused us (pick_fused)
         self.head_us: dict[int, tuple[float, float]] = {}    # M -> a step's end apart, in one GEMV (pick_head)
 

@@ -8,9 +8,10 @@ one: the same kernels, the same bits. It also saves the start its timing took (a
 
 The file is named by a hash of everything that can change what a timing means: the GPU's name, cuBLAS's version
 (which picks its kernel for a shape), the kernels timed (TIMED_KERNELS) as compiled, and the warps a column tried.
-An entry is keyed by its kind ("gemv": one GEMM's warps; "fused": a layer fused against unfused; "head": the
-step's end apart against in one GEMV), the GEMM's name, M and the shapes, and the number of layers timed (their
-weights stream from HBM, not L2, only when there are enough of them). Delete the file to time again.
+An entry is keyed by its kind ("gemm": one GEMM through cuBLAS and gemv.cu's plain and fused kinds, with their
+warps; "fused": a layer fused against unfused; "head": the step's end apart against in one GEMV), the GEMM's name,
+M and the shapes, and the number of layers timed (their weights stream from HBM, not L2, only when there are
+enough of them). Delete the file to time again.
 
     timings = GemmTimings.for_model(model)     # this machine's file, read if it exists
     timings.get(kind, key) / put(kind, key, value)

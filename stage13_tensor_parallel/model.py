@@ -20,9 +20,9 @@ in it: what batching buys.
         d = (silu(g) * u) @ Wdown^T
     x += d;  h = rms_norm(x) * w_final;  logits = h[logit_rows] @ E^T   (the LM head is the embedding, tied)
 
-The GEMMs are cuBLAS's. A step of a few rows (a small decode batch, of a size in fused_sizes: where the engine
-timed it faster) streams each layer's weights through gemv.cu instead, with what stands around each GEMM fused
-into it: five kernels a layer instead of nine:
+The GEMMs are cuBLAS's, or for a few rows gemv.cu's plain GEMV where the engine timed it faster (plain_shapes,
+linear()). A step of a few rows of a size in fused_sizes (where the engine timed it faster again) streams each
+layer's weights through gemv.cu with what stands around each GEMM fused into it: five kernels a layer, not nine:
 
     qkv = (rms_norm(x) * w_in) @ Wqkv^T, rope, K/V  the norm, rope and cache write in the GEMV (gemv_norm_rope)
     attention                                       as above
@@ -81,8 +81,10 @@ class Model:
         self.weights, self.config, self.gpu, self.kernels = weights, config, gpu, kernels
         self.comm = comm                                    # the ranks' communicator, or None: one GPU
         self.cublas = Cublas(gpu)
-        self.gemv_shapes: dict[tuple[int, int, int], int] = {}   # (M, N, K) -> gemv.cu's fastest column_warps
-        #                                                          there (graphs.pick_gemms)
+        self.gemv_shapes: dict[tuple[int, int, int], int] = {}   # (M, N, K) -> the fastest column_warps of
+        #                                                          gemv.cu's fused kind there (graphs.pick_gemms)
+        self.plain_shapes: dict[tuple[int, int, int], int] = {}  # (M, N, K) -> its plain GEMV's, where that
+        #                                                          beat cuBLAS: the unfused path's GEMMs
         self.max_num_seqs, self.max_model_len = B, L = max_num_seqs, max_model_len
         self.max_rows = R = max_num_batched_tokens
         c = config
@@ -372,7 +374,7 @@ class Model:
             k.rms_norm(x, w["in_norm"], h, eps)
         else:
             k.add_rms_norm(x, view(self.d, 0, R), w["in_norm"], h, eps)
-        self.cublas.linear(h, w["qkv"], qkv)
+        self.linear(h, w["qkv"], qkv)
         positions, slot_mapping = rows
         k.rope_kv_write(qkv, *self.cache.layer(i), slot_mapping, c.num_attention_heads, c.num_key_value_heads,
                         c.head_dim, (self.cos, self.sin, positions))
@@ -389,13 +391,22 @@ class Model:
             return
         x, h, d, attn, act = (view(b, 0, R) for b in (self.x, self.h, self.d, self.attn, self.act))
         gate_up = view(self.gate_up, 0, R)
-        self.cublas.linear(attn, w["o"], d)
+        self.linear(attn, w["o"], d)
         self.all_reduce(d)                            # every rank's partial sum (split over GPUs)
         k.add_rms_norm(x, d, w["post_norm"], h, eps)  # x += attention output
-        self.cublas.linear(h, w["gate_up"], gate_up)
+        self.linear(h, w["gate_up"], gate_up)
         k.silu_mul(gate_up, act)
-        self.cublas.linear(act, w["down"], d)
+        self.linear(act, w["down"], d)
         self.all_reduce(d)
+
+    def linear(self, x: DeviceArray, w: DeviceArray, y: DeviceArray) -> None:
+        """y = x @ w^T: gemv.cu's plain GEMV where it was measured faster than cuBLAS for this (M, N, K), at the
+        warps a column that were fastest (plain_shapes), else cuBLAS."""
+        column_warps = self.plain_shapes.get((x.shape[0], *w.shape))
+        if column_warps is not None:
+            self.kernels.gemv(x, w, y, column_warps)
+        else:
+            self.cublas.linear(x, w, y)
 
     def fused_gemm(self, name: str, i: int, R: int, rows: tuple[DeviceArray, DeviceArray] | None = None,
                    column_warps: int | None = None) -> None:

@@ -113,13 +113,15 @@ def test_each_small_gemm_was_timed_and_its_fastest_warps_kept(engine):
     assert sorted(times) == sorted((name, s) for name in ("qkv", "o", "gate_up", "down") for s in sizes)
     assert m.fused_sizes == {s for s, (unfused, fused) in layer_times.items() if fused < unfused}
     shapes = {name: m.layers[0][name].shape for name in ("qkv", "o", "gate_up", "down")}
-    want = {(s, *shapes[name]): column_warps for (name, s), (blas, mine, column_warps) in times.items()
+    want = {(s, *shapes[name]): fused_warps for (name, s), (*_, fused_warps) in times.items()
             if s in m.fused_sizes}
-    assert m.gemv_shapes == want and all(times[(name, s)][2] <= GEMV_PAIRED_MAX_WARPS
+    assert m.gemv_shapes == want and all(times[(name, s)][4] <= GEMV_PAIRED_MAX_WARPS
                                          for name in ("qkv", "gate_up") for s in sizes)
+    assert m.plain_shapes == {(s, *shapes[name]): plain_warps for (name, s), (blas, plain, plain_warps, *_)
+                              in times.items() if plain < blas}
     assert all(0 < t < 1e4 for pair in layer_times.values() for t in pair)
-    assert all(0 < blas < 1e4 and 0 < mine < 1e4 and column_warps in GEMV_COLUMN_WARPS
-               for blas, mine, column_warps in times.values())
+    assert all(0 < blas < 1e4 and 0 < plain < 1e4 and 0 < fused < 1e4 and {w, v} <= set(GEMV_COLUMN_WARPS)
+               for blas, plain, w, fused, v in times.values())
     head_times = engine.graphs.head_us                      # the step's end, at each fused size
     assert sorted(head_times) == sorted(m.fused_sizes) and all(0 < t < 1e4 for p in head_times.values() for t in p)
     assert m.head_sizes == {s for s, (apart, one) in head_times.items() if one < apart}
@@ -177,13 +179,14 @@ def test_graphs_and_enforce_eager_give_the_same_tokens_through_joins_aborts_and_
     """40 requests arriving three a step into 8 seq_slots and a pool of 24 blocks (preemption), two aborted
     mid-way: with graphs and asynchronous scheduling, and with enforce_eager and none, every other request gets
     the same tokens (greedy and seeded), and with graphs most steps replayed a graph. Both engines run the layers
-    unfused at every size: a replay pads its step to the graph's size (5 rows run as 8) and the fused kernels are
-    chosen by size, so a padded replay and the eager step of its real rows would run different kernels and round
-    differently (a replay against the eager step of its own size, fused kernels and all:
+    unfused through cuBLAS at every size: a replay pads its step to the graph's size (5 rows run as 8) and the
+    gemv.cu kernels are chosen by size, so a padded replay and the eager step of its real rows would run different
+    kernels and round differently (a replay against the eager step of its own size, gemv.cu and all:
     test_a_replay_is_the_eager_step_bit_for_bit)."""
     from .. import Engine
     from .. import graphs as graphs_module
 
+    monkeypatch.setattr(graphs_module, "pick_gemms", lambda *args: {})
     monkeypatch.setattr(graphs_module, "pick_fused", lambda *args: {})
 
     rng = np.random.default_rng(3)
@@ -196,7 +199,7 @@ def test_graphs_and_enforce_eager_give_the_same_tokens_through_joins_aborts_and_
         e = Engine(str(tiny_dir), max_model_len=256, max_num_seqs=8, max_num_batched_tokens=64, num_gpu_blocks=24,
                    enforce_eager=eager, async_scheduling=not eager)
         assert (e.graphs is None) == eager and e.llm.async_scheduling != eager
-        assert not e.model.fused_sizes and not e.model.head_sizes
+        assert not e.model.fused_sizes and not e.model.head_sizes and not e.model.plain_shapes
         replays = []
         if not eager:                                        # count the steps that replayed a graph
             launch = e.graphs.launch
@@ -265,6 +268,7 @@ def test_a_second_engine_takes_the_kernels_the_first_timed(tiny_dir, engine):
     try:
         assert e.graphs.timed_now == 0 and e.graphs.timings_file == engine.graphs.timings_file
         assert e.model.gemv_shapes == {k: v for k, v in engine.model.gemv_shapes.items() if k[0] <= 8}
+        assert e.model.plain_shapes == {k: v for k, v in engine.model.plain_shapes.items() if k[0] <= 8}
         assert e.model.fused_sizes == {s for s in engine.model.fused_sizes if s <= 8}
         assert e.model.head_sizes == {s for s in engine.model.head_sizes if s <= 8}
     finally:

@@ -154,6 +154,20 @@ def test_a_step_of_a_size_not_fused_takes_the_separate_kernels(model, R):
     assert [k for k, *_ in model.gpu.launches[-3:]] == ["add_rms_norm", "embedding_gather", "cublas"]
 
 
+def test_an_unfused_step_streams_the_gemms_the_plain_gemv_won_and_leaves_the_rest_to_cublas(model):
+    """plain_shapes names (M, N, K) where gemv.cu's plain GEMV beat cuBLAS: at 1 row o and down take it, at its
+    warps a column; qkv and gate_up, and a step of 2 rows, stay with cuBLAS."""
+    model.plain_shapes = {(1, 2048, 2048): 2, (1, 2048, 8192): 8}
+    model.forward(decode_step(1))
+    assert layer_kernels(model.gpu.launches) == ["rms_norm", "cublas", "rope_kv_write", "attention_tiles_hd64",
+                                                 "gemv_m1", "add_rms_norm", "cublas", "silu_mul", "gemv_m1"]
+    o = next(grid for k, grid, _ in model.gpu.launches if k == "gemv_m1")
+    assert o == (2048 // 4, 1, 1)                                 # 2 warps a column: 4 columns a block
+    model.gpu.launches.clear()
+    model.forward(decode_step(2))
+    assert "gemv_m2" not in [k for k, *_ in model.gpu.launches]
+
+
 def test_the_step_s_end_in_one_gemv_at_a_head_size(model):
     """At a size in head_sizes the final norm, the LM head and the argmax are one gemv_norm_head over the logit
     rows of x (no norm before the gather), and the sampler gets its ids; at a fused size not in head_sizes the
