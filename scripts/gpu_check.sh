@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench12 (pytest-benchmark files), profile
+# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv (pytest-benchmark files), profile
 # (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
 # B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
 # ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat),
@@ -66,6 +66,10 @@ fi
 if want bench07; then
   run bench-paged-attention python3 -m pytest stage07_paged_attention/bench_attention.py --benchmark-only \
       -p no:cacheprovider --benchmark-json "$logs/${gpu}_${day}_pytest-bench-paged-attention.json" -q
+fi
+if want bench10-gemv; then   # gemv.cu's kinds alone at the 1B's layer shapes: what each fusion adds to the stream
+  run bench-gemv-10 python3 -m pytest stage10_fused_kernels/bench_gemv.py --benchmark-only -p no:cacheprovider \
+      --benchmark-json "$logs/${gpu}_${day}_pytest-bench-gemv10.json" -q
 fi
 if want bench12; then   # the prefill kernels alone: attention_hopper (wgmma, TMA) beside attention_tiles
   run bench-attention-12 python3 -m pytest stage12_hopper_attention/bench_attention.py -k prefill --benchmark-only \
