@@ -10,13 +10,15 @@ whether that tree has been measured yet and which command measures it.
   profile-before   a batch-1 decode step of the previous stage's kernels, group by group against its floor, on the
                    GPU of this stage's first profile (until that stage is profiled there: the first profile of the
                    tree with graphs, before any kernel fix)
-  kernel-history   every committed batch-1 profile of this stage's code with graphs, a table a GPU: one column a
-                   run (first, the previous stage's newest on that GPU, where there is one), each kernel group's
-                   time on the critical path against its floor
+  kernel-history   every committed batch-1 profile of this stage's code with graphs on the newest one's GPU: one
+                   column a run (first, the previous stage's newest on that GPU, where there is one), each kernel
+                   group's time on the critical path against its floor
+  gemv-kinds       bench_gemv.py's newest run: every gemv.cu kind alone at the 1B's layer shapes against its floor
   step-split       bench_batch.py's test_decode_step_split: a decode step's wall time, its replay's GPU time,
                    the loop's host time and the floor
-  harness          the newest harness runs of `latency`, `batch` and `ragged` that hold this stage, on the GPU of
-                   the newest `latency` run: every engine of each run, medians of its repeats with their spread
+  harness          the newest harness runs (not the ladders) of `latency`, `batch` and `ragged` that hold this
+                   stage, on the GPU of the newest `latency` run: every engine of each run, medians of its repeats
+                   with their spread
 """
 from __future__ import annotations
 
@@ -123,11 +125,12 @@ def _previous_profiles(gpu: str) -> list[tuple[str, dict]]:
 
 
 def kernel_history() -> str:
-    """Every batch-1 profile with graphs, a table a GPU (floors and times are the GPU's own), a column a run, oldest
-    first, each labelled by its time and keyed to its log folder below the table; a group a run does not have
-    (rope and kv_write once fused) is '-'."""
+    """Every batch-1 profile with graphs on the GPU of the newest (floors and times are the GPU's own; other GPUs'
+    runs stay in their log folders), a column a run, oldest first, each labelled by its time and keyed to its log
+    folder below the table; a group a run does not have (rope and kv_write once fused) is '-'."""
+    newest = _profiles(1)[-1][1]["gpu"]
     tables = [_history_table(_previous_profiles(gpu)[-1:] + named)
-              for gpu, named in _by_gpu(_profiles(1), lambda np_: np_[1]["gpu"]).items()]
+              for gpu, named in _by_gpu(_profiles(1), lambda np_: np_[1]["gpu"]).items() if gpu == newest]
     if all(_before_split(p) for _, p in _profiles(1)):
         tables.append(_not_measured(f"`{STAGE}`'s own tree", f"PROFILE_RUNS='{NN}:1 {NN}:64' bash "
                                                             "scripts/gpu_check.sh LOGS profile"))
@@ -162,13 +165,36 @@ def _history_table(named: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def gemv_kinds() -> str:
+    """bench_gemv.py's newest run: each gemv.cu kind alone at the 1B's layer shapes, us a layer (its fastest warps
+    a column) and times its floor, M = 1, 2, 4, 8 rows; kind against kind at one shape is what a fusion adds."""
+    runs = _loaded("*_pytest-bench-gemv10.json")
+    if not runs:
+        return _not_measured("gemv.cu's kinds alone", "bash scripts/gpu_check.sh LOGS bench10-gemv")
+    name, run = runs[-1]
+    cells: dict[tuple[str, str], dict[int, dict]] = {}
+    for b in run["benchmarks"]:
+        e = b["extra_info"]
+        cells.setdefault((e["gemm"], e["kind"]), {})[e["rows"]] = e
+    sizes = sorted({m for row in cells.values() for m in row})
+    gpu = name.split("_")[0].replace("-", " ")
+    lines = [f"us a layer (times its floor) on {gpu} by `bench_gemv.py`, "
+             f"{run['datetime'][:10]} {run['datetime'][11:16]} ({_log_folder(name)}):", "",
+             "| GEMM | kind | floor | " + " | ".join(f"M = {m}" for m in sizes) + " |", "|" + " --- |" * (len(sizes) + 3)]
+    for (gemm, kind), row in cells.items():
+        floor = next(iter(row.values()))["floor_us"]
+        lines.append(f"| {gemm} | `{kind}` | {floor:.1f} | " + " | ".join(
+            f"{row[m]['us_per_layer']:.1f} ({row[m]['times_floor']:.1f}x)" if m in row else "-" for m in sizes) + " |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------- the step
 def step_split() -> str:
-    """The decode-step split of this stage's bench_batch.py: the tree's before the split (its files were named
-    pytest-bench-graphs) and this stage's newest (pytest-bench-step-NN)."""
+    """The decode-step split of this stage's bench_batch.py, its newest run (pytest-bench-step-NN), or until there is
+    one, the tree's before the split (its files were named pytest-bench-graphs)."""
     lines = []
-    files = [nr for nr in _loaded("*_pytest-bench-graphs.json") if _before_split(nr[1])] + \
-        _loaded(f"*_pytest-bench-step-{NN}.json")[-1:]
+    files = _loaded(f"*_pytest-bench-step-{NN}.json")[-1:] or \
+        [nr for nr in _loaded("*_pytest-bench-graphs.json") if _before_split(nr[1])]
     for name, r in files:
         cases = sorted((b["extra_info"] for b in r["benchmarks"] if b["name"].startswith("test_decode_step_split")),
                        key=lambda e: e["batch_size"])
@@ -199,7 +225,10 @@ FIGURES = {"latency": [("ms per decode step", "ms_per_decode_step", "{:.3f}"),
 
 
 def _with_stage(workload: str) -> list[tuple[str, dict]]:
-    return [(n, r) for n, r in _loaded(f"*_{workload}-*.json") if STAGE in r["stages"] and not r.get("kv_cache_gib")]
+    """The runs of `workload` that hold this stage, at the default KV memory; not the ladders (every stage at once:
+    the course README's table), whose columns would bury the two this chapter compares."""
+    return [(n, r) for n, r in _loaded(f"*_{workload}-*.json")
+            if STAGE in r["stages"] and not r.get("kv_cache_gib") and not r.get("ladder")]
 
 
 def _figure(s: dict | None, key: str, fmt: str) -> str:
@@ -236,5 +265,5 @@ def harness() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"profile-before": profile_before, "kernel-history": kernel_history, "step-split": step_split,
-              "harness": harness}
+GENERATORS = {"profile-before": profile_before, "kernel-history": kernel_history, "gemv-kinds": gemv_kinds,
+              "step-split": step_split, "harness": harness}
