@@ -243,16 +243,20 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
         if (valid && k < k_dim) early[i].word = __ldg(reinterpret_cast<const uint4*>(wrow + k));
     }
     wait_for_inputs();
-    // the paired epilogue's thread (pair, row) below: for RoPE it loads its rotation and cache slot now, so
-    // they arrive under the stream
-    const int pair = blockIdx.x * half + static_cast<int>(threadIdx.x) / M;
-    const bool pairs = threadIdx.x < half * M && pair < n_cols / 2;
-    const RopeAt at = KIND == NORM_ROPE && pairs ? rope_at(threadIdx.x % M, pair, rope) : RopeAt{};
-    // the residual add's thread (column, row) reads the element it adds to now, for the same reason
-    const int col_n = blockIdx.x * cols + static_cast<int>(threadIdx.x) / M;
-    const bool adds = KIND == RESIDUAL && threadIdx.x < cols * M && col_n < n_cols;
-    const long long at_out = static_cast<long long>(threadIdx.x % M) * n_cols + col_n;
-    const float residual = adds ? __bfloat162float(y[at_out]) : 0.0f;
+    // what the epilogue's thread (column or pair c, row m) below reads besides its sums, read now so that it
+    // arrives under the stream: RoPE's rotation and cache slot, the residual add's element. Only these kinds hold
+    // anything through the loop.
+    RopeAt at{};
+    float residual = 0.0f;
+    if (KIND == NORM_ROPE) {
+        const int p = blockIdx.x * half + static_cast<int>(threadIdx.x) / M;
+        if (threadIdx.x < half * M && p < n_cols / 2) at = rope_at(threadIdx.x % M, p, rope);
+    }
+    if (KIND == RESIDUAL) {
+        const int n_out = blockIdx.x * cols + static_cast<int>(threadIdx.x) / M;
+        if (threadIdx.x < cols * M && n_out < n_cols)
+            residual = __bfloat162float(y[static_cast<long long>(threadIdx.x % M) * n_cols + n_out]);
+    }
     float acc[M], sq[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] = sq[m] = 0.0f;
@@ -288,7 +292,8 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
     if (paired<KIND>) {                              // column c meets its partner c + cols / 2
         if (mine) total[c][m] = sum;
         __syncthreads();
-        if (!pairs) return;                          // pair = blockIdx.x * half + c
+        const int pair = blockIdx.x * half + c;
+        if (threadIdx.x >= half * M || pair >= n_cols / 2) return;
         const float a = total[c][m], b = total[c + half][m];
         if (KIND == NORM_SILU) {                     // a = gate, b = up
             y[static_cast<long long>(m) * (n_cols / 2) + pair] = __float2bfloat16(a / (1.0f + __expf(-a)) * b);
@@ -297,15 +302,17 @@ __device__ __forceinline__ void gemv_column(const __nv_bfloat16* __restrict__ w,
         }
         return;
     }
-    if (KIND == NORM_HEAD) {                         // col_n = blockIdx.x * cols + c
+    const int col_n = blockIdx.x * cols + c;
+    if (KIND == NORM_HEAD) {
         head_store<M>(sum, mine && col_n < n_cols, m, col_n, n_cols, head);
         return;
     }
     if (!mine || col_n >= n_cols) return;
+    __nv_bfloat16* out = y + static_cast<long long>(m) * n_cols + col_n;
     if (KIND == RESIDUAL) {                          // x + d in bf16, d rounded first, as the unfused add
-        y[at_out] = __float2bfloat16(residual + __bfloat162float(__float2bfloat16(sum)));
+        *out = __float2bfloat16(residual + __bfloat162float(__float2bfloat16(sum)));
     } else {
-        y[at_out] = __float2bfloat16(sum);
+        *out = __float2bfloat16(sum);
     }
 }
 
