@@ -7,7 +7,8 @@ engines on one machine could pick differently, round their logits differently, a
 one: the same kernels, the same bits. It also saves the start its timing took (about a second for the 1B).
 
 The file is named by a hash of everything that can change what a timing means: the GPU's name, cuBLAS's version
-(which picks its kernel for a shape), the kernels timed (TIMED_KERNELS) as compiled, and the warps a column tried.
+(which picks its kernel for a shape), the kernels timed (TIMED_KERNELS) as compiled, the warps a column tried, and
+MEANING, raised where the code that times changes what an entry holds.
 An entry is keyed by its kind ("gemm": one GEMM through cuBLAS and gemv.cu's plain and fused kinds, with their
 warps; "fused": a layer fused against unfused; "head": the step's end apart against in one GEMV), the GEMM's name,
 M and the shapes, and the number of layers timed (their weights stream from HBM, not L2, only when there are
@@ -29,6 +30,8 @@ from common.compile import cache_root
 KERNELS = Path(__file__).parent / "kernels"
 TIMED_KERNELS = ("gemv.cu", "pdl.cuh", "rmsnorm.cu", "rope_kv_write.cu", "silu_mul.cu", "embedding.cu",
                  "sampling.cu", "block_reduce.cuh")                                          # what a timing runs
+MEANING = 2   # raised whenever what an entry's times mean changes without a kernel changing (2: the unfused
+#               layer of a "fused" entry streams through the plain GEMV where it beat cuBLAS)
 
 
 class GemmTimings:
@@ -41,7 +44,7 @@ class GemmTimings:
     def for_model(cls, model, *config) -> GemmTimings:
         """The file for this machine and code; `config` adds the warps a column tried (they change what is timed)."""
         h = hashlib.sha256()
-        for part in (model.gpu.name, str(model.cublas.version), *map(repr, config),
+        for part in (f"meaning {MEANING}", model.gpu.name, str(model.cublas.version), *map(repr, config),
                      *((KERNELS / name).read_text() for name in TIMED_KERNELS)):
             h.update(part.encode())
             h.update(b"\0")

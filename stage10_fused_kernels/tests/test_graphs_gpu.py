@@ -104,9 +104,10 @@ def test_padding_rows_change_no_real_row_and_write_nothing(engine):
 
 
 def test_each_small_gemm_was_timed_and_its_fastest_warps_kept(engine):
-    """Every layer GEMM at every captured size up to 8 rows has a cuBLAS and a fused gemv.cu time (its fastest
-    warps a column), every such size a layer's time unfused and fused, and the model fuses exactly the sizes
-    where fused took less, streaming with the warps timed."""
+    """Every layer GEMM at every captured size up to 8 rows has a cuBLAS, a plain and a fused gemv.cu time (each
+    GEMV at its fastest warps a column), every such size a layer's time unfused and fused; the unfused path takes
+    the plain GEMV exactly where it beat cuBLAS, and the model fuses exactly the sizes where fused took less,
+    streaming with the warps timed."""
     m, times, layer_times = engine.model, engine.graphs.gemm_us, engine.graphs.fused_us
     sizes = [s for s in engine.graphs.sizes if s <= 8]
     assert m.fusable and sorted(layer_times) == sizes

@@ -106,8 +106,9 @@ FUSED_SHAPES = {
 def test_the_fused_layer_matches_the_reference_and_the_unfused_one(shape, tmp_path):
     """Decode logits of a batch of five (steps of 1-5 rows) through the fused layer (gemv.cu with the norms,
     SwiGLU and residual adds), through it with the step's end in one GEMV (gemv_norm_head), and through the
-    unfused one, each against the numpy reference by the design's measure, and against each other: fused and
-    unfused differ (the fused path ran: it rounds less), within the same bound."""
+    unfused one, its GEMMs by cuBLAS and by gemv.cu's plain GEMV (Model.linear), each against the numpy reference
+    by the design's measure, and against each other: fused and unfused differ (the fused path ran: it rounds
+    less), and so do the two unfused (the GEMV ran: it sums in another order), within the same bound."""
     from dataclasses import replace
 
     from common.synthetic import PRESETS, write_checkpoint
@@ -121,8 +122,10 @@ def test_the_fused_layer_matches_the_reference_and_the_unfused_one(shape, tmp_pa
     ref = ReferenceModel(Checkpoint(folder))
     want = [ref.forward(s)[m - 1:] for s, (_, m) in zip(seqs, UNEVEN)]
     got, every = {}, set(range(1, 9))
-    for label, sizes, heads in (("unfused", set(), set()), ("fused", every, set()), ("fused head", every, every)):
-        engine.model.fused_sizes, engine.model.head_sizes = sizes, heads
+    plain = {(m, *w.shape): 1 for m in every for w in engine.model.layers[0].values() if len(w.shape) == 2}
+    for label, sizes, heads, gemv in (("unfused", set(), set(), {}), ("unfused plain", set(), set(), plain),
+                                      ("fused", every, set(), {}), ("fused head", every, every, {})):
+        engine.model.fused_sizes, engine.model.head_sizes, engine.model.plain_shapes = sizes, heads, gemv
         got[label] = engine.decode_logits(seqs, [m for _, m in UNEVEN])
         errors = [rel_l2(g, w) for g, w in zip(got[label], want)]
         print(f"{shape}, {label}: relative L2 against the reference " + ", ".join(f"{e:.2e}" for e in errors))
@@ -130,6 +133,8 @@ def test_the_fused_layer_matches_the_reference_and_the_unfused_one(shape, tmp_pa
     assert max(rel_l2(f, u) for f, u in zip(got["fused"], got["unfused"])) < 2e-2
     assert not all(np.array_equal(f, u) for f, u in zip(got["fused"], got["unfused"]))
     assert max(rel_l2(f, u) for f, u in zip(got["fused head"], got["fused"])) < 2e-2
+    assert max(rel_l2(p, u) for p, u in zip(got["unfused plain"], got["unfused"])) < 2e-2
+    assert not all(np.array_equal(p, u) for p, u in zip(got["unfused plain"], got["unfused"]))
 
 
 @pytest.mark.parametrize("fixture", ["tiny_dir", "small_dir"])

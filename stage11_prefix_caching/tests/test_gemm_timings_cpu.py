@@ -120,6 +120,7 @@ def test_timing_anew_times_every_kind_at_every_size_and_keeps_it(tmp_path, monke
         if calls[0][0] == "fused_gemm":
             return 5.0 + calls[0][2] + calls[0][3]          # 5 + M + warps: one warp a column is fastest
         if calls[0][0] == "gemv":
+            assert len({w for _, w, *_ in calls}) == len(model.layers)   # each layer's own weights streamed
             return 7.0 + 2 * calls[0][3]                    # 7 + 2 warps: beats cuBLAS (10) at one warp only
         return 5.0 + 4 * calls[0][2] if calls[0][0] == "fused layer" else 10.0   # a fused layer wins at 1 row
 
@@ -127,7 +128,7 @@ def test_timing_anew_times_every_kind_at_every_size_and_keeps_it(tmp_path, monke
     model = fake_model(SHAPES)
     model.gpu = SimpleNamespace(fill_bytes=lambda a, v: None, to_device=lambda host: host)
     model.cublas = SimpleNamespace(linear=lambda x, w, y: calls.append(("cublas", None, 0)))
-    model.kernels = SimpleNamespace(gemv=lambda x, w, y, warps: calls.append(("gemv", None, 0, warps)))
+    model.kernels = SimpleNamespace(gemv=lambda x, w, y, warps: calls.append(("gemv", id(w), 0, warps)))
     model.fused_gemm = lambda name, i, m, rows, warps: calls.append(("fused_gemm", name, m, warps))
     model.project_qkv = lambda i, m, fused, rows: calls.append(("fused layer" if fused else "layer", None, m))
     model.finish_layer = lambda i, m, fused: None
@@ -144,3 +145,4 @@ def test_timing_anew_times_every_kind_at_every_size_and_keeps_it(tmp_path, monke
     again = fake_model(SHAPES)                               # Untimeable: any timing fails the test
     assert pick_gemms(again, [1, 2], GemmTimings(tmp_path / "t.json")) == times
     assert pick_fused(again, [1, 2], GemmTimings(tmp_path / "t.json")) == layer and again.fused_sizes == {1}
+    assert again.plain_shapes == model.plain_shapes and again.gemv_shapes == model.gemv_shapes
