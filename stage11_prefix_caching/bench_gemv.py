@@ -2,7 +2,8 @@
 
     pytest <this stage>/bench_gemv.py --benchmark-only -m gpu
 
-Each layer GEMM at M = 1, 2, 4 and 8 rows, through every kind the engine may launch at that shape:
+Each layer GEMM at M = 1, 2, 4 and 8 rows, through the kinds the engine may launch at that shape and gemv_norm
+(the norm alone, which the engine does not launch: the step between the plain kind and the paired ones):
 
   qkv      (3,072 x 2,048)    gemv, gemv_norm (+ the squares and g), gemv_norm_rope (+ RoPE and the cache write)
   o        (2,048 x 2,048)    gemv, gemv_residual (+ x += d)
@@ -12,9 +13,11 @@ Each layer GEMM at M = 1, 2, 4 and 8 rows, through every kind the engine may lau
 A figure is one launch's GPU time: a pass over 16 layers' weights of that shape (201 MB for qkv, more than the
 L2: they stream from HBM, as in a step), launched back to back with programmatic dependent launch as the model
 does, 20 passes queued while a spin kernel holds the GPU (common.bench.measure's gpu_and_host_ms), divided by 16.
-Each kind runs at the warps a column the engine would keep: the fastest of those it times. The floor is the
-weights' bytes at the measured copy bandwidth. At one shape, kind minus kind is what a fusion costs: gemv_norm -
-gemv the norm, gemv_norm_rope - gemv_norm the RoPE epilogue, gemv_norm_silu - gemv_norm SwiGLU's.
+Each kind runs at the warps a column the engine would keep: the fastest of those it times (every count's time is
+in extra_info: the paired kinds take at most 4, the others 8). The floor is the weights' bytes at the measured
+copy bandwidth. At one shape, kind minus kind is about what a fusion costs: gemv_norm - gemv the norm,
+gemv_norm_rope - gemv_norm the RoPE epilogue, gemv_norm_silu - gemv_norm SwiGLU's (at equal warps, where the
+fastest differ: us_by_column_warps).
 """
 import numpy as np
 import pytest
@@ -101,7 +104,7 @@ def test_gemv(benchmark, kernels, bandwidth_gbps, weights, name, kind, M):
     each = {w: pass_ms(gpu, launch, w) for w in column_warps_timed(name, kind)}
     column_warps = min(each, key=each.get)
     per_round = []
-    benchmark.pedantic(lambda: per_round.append(pass_ms(gpu, launch, column_warps)), rounds=5, warmup_rounds=1)
+    benchmark.pedantic(lambda: per_round.append(pass_ms(gpu, launch, column_warps)), rounds=5)   # warm: timed above
     us = 1e3 * float(np.median(per_round)) / LAYERS
     N, K = SHAPES[name]
     floor_us = 2 * N * K / (bandwidth_gbps * 1e9) * 1e6
