@@ -137,6 +137,13 @@ def kernel_history() -> str:
     return "\n\n".join(tables)
 
 
+def _through_gemv(p: dict) -> list:
+    """The step's GEMMs gemv.cu streamed: the fused ones where the profiled size fused, else the plain ones (older
+    profiles recorded only gemv_shapes, which then meant the plain ones)."""
+    return ([s for s in p["gemv_shapes"] if s[0] == p["batch"]]
+            or [s for s in p.get("plain_shapes", ()) if s[0] == p["batch"]])
+
+
 def _history_table(named: list[tuple[str, dict]]) -> str:
     runs = [p for _, p in named]
     labels = [(f"`{p['stage']}` " if p["stage"] != STAGE else "") + p["date"][11:16]
@@ -154,7 +161,7 @@ def _history_table(named: list[tuple[str, dict]]) -> str:
                          + " | ".join(_cell(p["groups"].get(group)) for p in runs) + " |")
     lines += _totals(runs)
     lines.append("| GEMMs through gemv.cu (M x N x K) | | " + " | ".join(
-        ", ".join("x".join(map(str, s)) for s in p["gemv_shapes"]) or "none" if "gemv_shapes" in p
+        ", ".join("x".join(map(str, s)) for s in _through_gemv(p)) or "none" if "gemv_shapes" in p
         else "not recorded" for p in runs) + " |")
     if any("cublaslt_shapes" in p for p in runs):
         lines.append("| GEMMs through a timed cuBLASLt algorithm | | " + " | ".join(

@@ -378,7 +378,8 @@ def profile(stage: str, batch: int, cache_length: int, steps: int, enforce_eager
             "a full forward over every position (no KV cache), against the floor of one new token",
             **summarize(rows, floors, declared.fused, bandwidth),
             "weights_floor_us": weight_bytes / (bandwidth * 1e9) * 1e6,
-            "gemv_shapes": sorted(getattr(engine.model, "gemv_shapes", ())),   # (M, N, K) not through cuBLAS
+            "gemv_shapes": sorted(getattr(engine.model, "gemv_shapes", ())),    # (M, N, K) through a fused GEMV
+            "plain_shapes": sorted(getattr(engine.model, "plain_shapes", ())),  # (M, N, K) an unfused step streams
             "steps_detail": rows}
 
 
