@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv (pytest-benchmark files), profile
+# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv (pytest-benchmark files), ncu12
+# (Nsight Compute on stage12's prefill kernels), profile
 # (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
 # B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
 # ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat),
@@ -70,6 +71,16 @@ fi
 if want bench10-gemv; then   # gemv.cu's kinds alone at the 1B's layer shapes: what each fusion adds to the stream
   run bench-gemv-10 python3 -m pytest stage10_fused_kernels/bench_gemv.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-gemv10.json" -q
+fi
+if want ncu12; then     # Nsight Compute on one launch of each prefill kernel at 8,192 tokens: pipes, occupancy, stalls
+  for spec in "hopper 64" "hopper 128" "mma 64"; do
+    read -r kernel hd <<< "$spec"
+    [ "$kernel" = hopper ] && name=attention_hopper || name=attention_tiles
+    run "ncu-$kernel-hd$hd-8k" ncu --clock-control none -k "regex:$name" --launch-count 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+        python3 -m pytest stage12_hopper_attention/bench_attention.py -k "prefill and 8192-$hd-$kernel" \
+        --benchmark-only -p no:cacheprovider -q
+  done
 fi
 if want bench12; then   # the prefill kernels alone: attention_hopper (wgmma, TMA) beside attention_tiles
   run bench-attention-12 python3 -m pytest stage12_hopper_attention/bench_attention.py -k prefill --benchmark-only \
