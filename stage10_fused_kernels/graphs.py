@@ -20,11 +20,12 @@ grids and their arguments (pointers and scalars) are the captured ones. So:
 A small step may stream each layer GEMM through gemv.cu, plain or with its neighbours fused in (model.py). Before
 capture, at each captured size up to 8 rows, each layer GEMM is timed through cuBLAS, through the plain GEMV and
 through the fused one, each GEMV with 1, 2, 4 and 8 warps a column (pick_gemms): the unfused path takes the plain
-GEMV where it beat cuBLAS. Then every layer's GEMMs with the kernels between them, fused against unfused (the
-faster of cuBLAS and the plain GEMV, the norms, rope, silu_mul), and a size takes the faster (pick_fused); then, at each fused size, the
-step's end (the final norm, the LM head, the greedy sampler) apart against in one GEMV (pick_head). Each is timed from a graph of all
-the layers (so the weights come from HBM, not L2, and no launch gap is timed), once per machine: the times are
-kept on disk (gemm_timings.py), so every later engine takes the same kernels and gives the same bits.
+GEMV where it beat cuBLAS. Then every layer's GEMMs with the kernels between them, fused against unfused (the faster
+of cuBLAS and the plain GEMV, the norms, rope, silu_mul), and a size takes the faster (pick_fused); then, at each
+fused size, the step's end (the final norm, the LM head, the greedy sampler) apart against in one GEMV (pick_head).
+Each is timed from a graph of all the layers (so the weights come from HBM, not L2, and no launch gap is timed),
+once per machine: the times are kept on disk (gemm_timings.py), so every later engine takes the same kernels and
+gives the same bits.
 
 Only steps of decode rows replay; a step with a prompt chunk runs eagerly (its shapes vary with the chunk), as
 vLLM's first engine did. Block-table updates, which vary in number, are written by their kernel before the replay.

@@ -27,21 +27,21 @@
 // making 32 trips. Launched early (pdl.cuh), each lane loads its first four 16-byte words of weights while the
 // kernel before (the attention, or another GEMM) still runs.
 //
-// The fusions add little to the stream. A column's warps read every x[m, k] once between them, so the first
-// column of each block sums the norm's squares beside its dot products from the same loads, the block's columns
-// share them through shared memory, and r_m scales each column's sum at the end: no pass over x before the
-// stream, no normalised copy of x written and read back, and no bf16 rounding of it (the unfused path rounds
-// x r g to bf16 before its GEMM). g scales the 8 weights of a load once, not once a row. Every block sums its
-// squares in the same order, so every column of a row gets the same r_m. The residual add reads and writes one
-// element a column. What an epilogue reads besides its sums (the residual element; RoPE's position, its cos and
-// sin, the cache slot) is loaded before the stream, not after it: a block's last dependent trips to memory
-// would otherwise add to its tail, once a wave, where nothing else is in flight. Each fused kind still does more arithmetic a weight than the plain one, which matters where
-// M is large enough that the plain GEMV is no longer purely a stream; the engine times both (graphs.py). For SwiGLU a
-// block's first half of columns are gate rows j and its second half the up rows I + j of the same j, so the
-// block holds both factors of its outputs and multiplies them before anything is stored (the unfused path
-// rounds both to bf16 first); RoPE pairs the same way, dims i and i + hd/2 of a head, rotates the two sums and
-// stores them, rounded once, into qkv and (k, v) the cache. Paired kinds need two columns a block (column_warps
-// <= 4).
+// The fusions add little to the stream. A column's warps read every x[m, k] once between them, so the first column
+// of each block sums the norm's squares beside its dot products from the same loads, the block's columns share them
+// through shared memory, and r_m scales each column's sum at the end: no pass over x before the stream, no
+// normalised copy of x written and read back, and no bf16 rounding of it (the unfused path rounds x r g to bf16
+// before its GEMM). g scales the 8 weights of a load once, not once a row. Every block sums its squares in the same
+// order, so every column of a row gets the same r_m. The residual add reads and writes one element a column. What
+// an epilogue reads besides its sums (the residual element; RoPE's position, its cos and sin, the cache slot) is
+// loaded before the stream, not after it: a block's last dependent trips to memory would otherwise add to its tail,
+// once a wave, where nothing else is in flight. Each fused kind still does more arithmetic a weight than the plain
+// one, which matters where M is large enough that the plain GEMV is no longer purely a stream; the engine times
+// both (graphs.py). For SwiGLU a block's first half of columns are gate rows j and its second half the up rows
+// I + j of the same j, so the block holds both factors of its outputs and multiplies them before anything is stored
+// (the unfused path rounds both to bf16 first); RoPE pairs the same way, dims i and i + hd/2 of a head, rotates the
+// two sums and stores them, rounded once, into qkv and (k, v) the cache. Paired kinds need two columns a block
+// (column_warps <= 4).
 //
 // The LM head's argmax costs the sampler a pass over V = 128,256 logits a row on one SM; here each block already
 // holds its columns' logits in registers. A row's (logit, column) pairs are ordered by one 64-bit key (the
