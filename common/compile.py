@@ -102,6 +102,21 @@ def compile_cubin(path: Path, arch: str, defines: tuple[str, ...] = ()) -> bytes
     return code
 
 
+def ptxas_report(path: Path, arch: str) -> str:
+    """The assembler's verbose report on one .cu file for `arch`, compiled afresh (not cached): per kernel its
+    registers, spills and stack, and its performance notes (e.g. where it serialised wgmma instructions)."""
+    import io
+
+    from cuda.core import Program, ProgramOptions
+
+    path = Path(path)
+    opts = ProgramOptions(name=path.name, arch=arch, std=CUDA_STD, ptxas_options=["-v"],
+                          include_path=[str(path.parent), cuda_include_dir()])
+    log = io.StringIO()
+    Program(path.read_text(), "c++", opts).compile("cubin", logs=log)
+    return log.getvalue()
+
+
 class KernelModule:
     """The kernels of one compiled .cu file, loaded on the current device."""
 
