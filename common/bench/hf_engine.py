@@ -95,6 +95,18 @@ class Engine:
             outs.append(RequestOutput(first + row, prompt, new, self.prompts.tokenizer.decode(new), reason))
         return outs
 
+    def _cpu_cache(self):
+        """On a CPU, the KV cache of max_num_seqs sequences of max_model_len (256-token pages): transformers would
+        otherwise size it from the machine's whole memory (14 GB for a test's three tiny requests). On a GPU,
+        transformers' own sizing from free memory, as its users get it: None."""
+        if self.device != "cpu":
+            return None
+        from transformers.generation import ContinuousBatchingConfig
+
+        pages = -(-self.max_model_len // 256)
+        return ContinuousBatchingConfig(num_blocks=self.max_num_seqs * pages,
+                                        max_batch_tokens=min(self.max_num_seqs * self.max_model_len, 2048))
+
     def _continuous(self, requests) -> list[RequestOutput]:
         """hf-cb: every request into transformers' continuous-batching manager at once, each with its own
         max_tokens; the outputs as its loop finishes them, put back in prompt order."""
@@ -114,8 +126,8 @@ class Engine:
                 # each request brings its own max_tokens and stop ids (-1: none, ignore_eos)
                 generation_config=self._config(p, self.max_model_len, stop, min_new_tokens=0,
                                                eos_token_id=stop or -1),
-                block=True, timeout=5,
-                persistent_manager=True, workload_hints=hints) as manager:
+                block=True, timeout=5, persistent_manager=True, workload_hints=hints,
+                **({"continuous_batching_config": cache} if (cache := self._cpu_cache()) else {})) as manager:
             for i, ((ids, _), n) in enumerate(zip(requests, budget)):
                 manager.add_request(input_ids=ids, request_id=str(i), max_new_tokens=n, record_timestamps=True,
                                     eos_token_id=-1 if p.ignore_eos else stop or -1)
