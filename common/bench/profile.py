@@ -427,17 +427,20 @@ def main(argv=None) -> int:
     found = sorted(p.name for p in root.glob(f"stage{int(args.stage):02d}_*") if (p / "__init__.py").exists()) \
         if args.stage.isdigit() else []
     if not found:
-        ap.error(f"--stage {args.stage}: no such stage in {root}")
+        print(f"{ap.prog}: --stage {args.stage}: no such stage in {root}", file=sys.stderr)
+        return 2
     from common.device import has_gpu
 
     ok, why = has_gpu()
-    if not ok:
-        ap.error(f"no GPU ({why}): the profile records the GPU's kernels (CUPTI); on a CPU, "
-                 "`python -m common.bench.host_profile --free-runner` profiles the loop's host work")
+    if not ok:      # what the machine lacks, in one line (not the usage: the command was right)
+        print(f"{ap.prog}: no GPU ({why}): the profile records the GPU's kernels (CUPTI); on a CPU, "
+              "`python -m common.bench.host_profile --free-runner` profiles the loop's host work", file=sys.stderr)
+        return 2
     try:
         import cupti  # noqa: F401
     except ImportError:
-        ap.error("it needs NVIDIA's cupti-python: pip install -e \".[profile]\"")
+        print(f"{ap.prog}: it needs NVIDIA's cupti-python: pip install -e \".[profile]\"", file=sys.stderr)
+        return 2
     p = profile(found[0], args.batch, args.cache_length, args.steps, args.enforce_eager, args.model,
                 args.tensor_parallel_size)
     print(format_profile(p))
