@@ -39,8 +39,9 @@ def forward_results() -> str:
 
 
 def latency_runs() -> str:
-    """`latency` (a 128-token prompt, 256 new tokens, batch 1) in every committed harness run that had this stage,
-    each engine of the run beside it; the floor reads the weights once at the copy bandwidth measured in that run."""
+    """`latency` (a 128-token prompt, 256 new tokens, batch 1) in every committed harness run that had this stage:
+    this stage and the HF baselines of the run (a ladder's other stages have their own chapters); the floor reads
+    the weights once at the copy bandwidth measured in that run."""
     rows = ["| run | engine | ms per decode step | floor | time to first token | output tok/s |",
             "| --- | --- | --- | --- | --- | --- |"]
     for path in sorted(RESULTS.glob("*_latency-*.json")):
@@ -49,6 +50,8 @@ def latency_runs() -> str:
             continue
         bandwidth = r["environment"]["copy_bandwidth_gb_per_s"]
         for name, s in r["stages"].items():
+            if name != __package__ and not name.startswith("hf"):
+                continue
             rows.append(f"| {r['date']}, `{path.stem.split('_', 2)[2]}` | `{name}` | {s['ms_per_decode_step']:.2f} | "
                         f"{s['weight_bytes'] / bandwidth / 1e6:.2f} ms | {s['ttft_ms']:.2f} ms | "
                         f"{s['output_tok_per_s']:.1f} |")
