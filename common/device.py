@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +81,13 @@ def has_gpu() -> tuple[bool, str]:
     return probe_gpu()[:2]
 
 
+def elements(shape: tuple[int, ...]) -> int:
+    """The element count of a shape, as a Python int (no overflow, whatever integer type the dims are). Not
+    np.prod, whose few microseconds a call add up over the hundreds of views an eager prefill makes: host time
+    before the first token."""
+    return math.prod(map(int, shape))
+
+
 @dataclass
 class DeviceArray:
     """A typed view of device memory: a pointer, a shape and a dtype name, plus the allocation it lives in."""
@@ -89,9 +97,9 @@ class DeviceArray:
     dtype: str
     owner: object = None  # keeps the cuda.core Buffer (or arena) alive while any view exists
 
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+    @functools.cached_property
+    def size(self) -> int:                           # a view's shape is fixed once made
+        return elements(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -104,7 +112,7 @@ class DeviceArray:
 
     def view(self, byte_offset: int, shape: tuple[int, ...], dtype: str | None = None) -> "DeviceArray":
         dtype = dtype or self.dtype
-        nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][0]
+        nbytes = elements(shape) * DTYPES[dtype][0]
         if byte_offset < 0 or byte_offset + nbytes > self.nbytes:
             raise ValueError(f"view [{byte_offset}, {byte_offset + nbytes}) outside an array of {self.nbytes} bytes")
         return DeviceArray(self.ptr + byte_offset, tuple(shape), dtype, self.owner)
@@ -142,7 +150,7 @@ class Gpu:
 
     # ---------------------------------------------------------------- memory
     def empty(self, shape: tuple[int, ...], dtype: str) -> DeviceArray:
-        nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][0])
+        nbytes = max(1, elements(shape) * DTYPES[dtype][0])
         try:
             buf = self.device.allocate(nbytes, stream=self.stream)
         except Exception as e:
