@@ -24,7 +24,7 @@ TILE_M = 64              # attention_tiles.cu's TILE_M: (query row, query head) 
 TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take every row through attention_rows.cu
 HOPPER_TILE_M = 128      # attention_hopper.cu's TILE_M: (query row, query head) pairs of a prompt tile, on sm_90
 HOPPER_THREADS = 288     # its two consumer warpgroups and its producer warp
-HOPPER_STAGES = 2        # its STAGES: K/V tiles in shared memory at once
+HOPPER_STAGES = {64: 2, 128: 3}   # its STAGES for each head_dim: K/V tiles in shared memory at once
 MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over (a lane each in
 #                          split_combine.cuh's merge: at most the warp size)
 MIN_KEYS_PER_SPLIT = 64   # one 64-key tile a split: at batch 1 over 256 keys, 4 splits took 6.5 us a layer
@@ -49,7 +49,7 @@ def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
 def hopper_shared_bytes(head_dim: int) -> int:
     """attention_hopper.cu's dynamic shared memory: STAGES x (K and V) x 64 keys x head_dim bf16, and 1 KiB to align
     the stages to the swizzle's 1,024-byte atoms."""
-    return HOPPER_STAGES * 2 * 64 * head_dim * 2 + 1024
+    return HOPPER_STAGES[head_dim] * 2 * 64 * head_dim * 2 + 1024
 
 
 def decode_split(n_rows: int, max_keys: int, n_kv_heads: int, sms: int, max_row_splits: int) -> tuple[int, int]:

@@ -31,10 +31,11 @@
 // there whatever K held.
 //
 // Launch: grid (n_tiles, nkv), block 288, dynamic shared memory STAGES * 2 * (hd / 64) * 8 KiB + 1 KiB (the
-// stages aligned to 1,024 bytes). tiles (n_tiles, 4) i32: first row, n_rows (<= 128 / G), seq_slot, first
-// position; the tiles' K/V are in the cache (rope_kv_write ran first). qkv (R, row_stride) bf16 (queries = the
-// first nh heads, RoPE applied); kv_maps: this layer's two 128-byte tensor maps, K then V, in global memory;
-// block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows written. G <= 32.
+// stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). tiles (n_tiles, 4) i32: first row, n_rows
+// (<= 128 / G), seq_slot, first position; the tiles' K/V are in the cache (rope_kv_write ran first). qkv
+// (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); kv_maps: this layer's two 128-byte tensor
+// maps, K then V, in global memory; block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows
+// written. G <= 32.
 #include <cuda_bf16.h>
 #include "hopper.cuh"
 #include "online_softmax.cuh"
@@ -42,7 +43,6 @@
 
 #define TILE_M 128                // M-rows of a block: 64 per consumer warpgroup, 16 per warp
 #define TILE_N 64                 // keys of a K/V tile
-#define STAGES 2                  // tiles in flight
 #define CONSUMERS 256             // two warpgroups
 #define ATOM 8192                 // bytes of 64 rows x 128 bytes: one 64-column chunk of a tile
 #define NEG_INF (-__int_as_float(0x7f800000))
@@ -59,6 +59,7 @@ __device__ __forceinline__ void attention_hopper(
         const int* __restrict__ tiles, const int* __restrict__ block_tables, int table_width, int block_shift,
         int n_heads, int n_kv_heads, int row_stride) {
     constexpr int CHUNKS = HD / 64, KSTEPS = HD / 16, DBLOCKS = HD / 8, NBLOCKS = TILE_N / 8;
+    constexpr int STAGES = HD == 64 ? 2 : 3;                    // tiles in flight (kernels.py's HOPPER_STAGES)
     constexpr int STAGE_BYTES = 2 * CHUNKS * ATOM;               // K, then V
     extern __shared__ unsigned char smem_raw[];
     __shared__ unsigned long long full[STAGES], empty[STAGES];
