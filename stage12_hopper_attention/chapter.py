@@ -8,9 +8,12 @@ data-driven ones.
               the newest harness run holding the three, or the command that measures it
   kernel      the prefill kernels alone (bench_attention.py::test_prefill_attention): TFLOP/s of each kernel at each
               length and head_dim, from the newest committed pytest-benchmark run, or the command
+  builds      attention_hopper.cu's builds timed against each other, each set in one run: TFLOP/s from the
+              pytest-benchmark files of their logs folders (whose READMEs say how each build was made)
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from common.course import results
@@ -24,6 +27,15 @@ PREVIOUS = max(p.name for p in ROOT.glob("stage[0-9][0-9]_*") if p.name < STAGE)
 NN, PREV_NN = STAGE[5:7], PREVIOUS[5:7]
 TILE_N = 64                       # both kernels' keys a tile
 LENGTHS = (2048, 8192, 32768)
+LOGS = ROOT / "benchmarks" / "logs"
+# (logs folder, [(build, its pytest-benchmark file's suffix after the GPU and date)]): builds timed in one run
+BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
+           [("main then", "attention12"), ("S of tile j before P V of j - 1 (hd 64), 3 stages", "attention12-pipelined"),
+            ("main then, again", "attention12-again"), ("the same pipelining, again", "attention12-pipelined-again")]),
+          ("2026-12-05-H200-hopper-attention-variants",
+           [("main then", "attention12-main"), ("112 registers (hd 64), 3 stages (hd 128)", "attention12-capped"),
+            ("the same, ex2.approx.ftz, the scale in the FMA", "attention12-ex2-ftz")]),
+          ("2026-12-05-H100-hd128-three-stages-first-token", [("3 stages at hd 128 (main now)", "attention12")])]
 
 
 def tile_plan() -> str:
@@ -85,4 +97,20 @@ def kernel() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"tile-plan": tile_plan, "measured": measured, "kernel": kernel}
+def builds() -> str:
+    lines = ["TFLOP/s of `attention_hopper.cu`'s builds (`bench_attention.py -k prefill`; each folder's builds in one "
+             "run, one after another):", "",
+             "| run | build | " + " | ".join(f"hd {hd}, {n // 1024}K" for hd in (64, 128) for n in LENGTHS) + " |",
+             "|" + " --- |" * 8]
+    for folder, runs in BUILDS:
+        for build, suffix in runs:
+            path = next((LOGS / folder).glob(f"*_pytest-bench-{suffix}.json"))
+            run = json.loads(path.read_text())
+            bench = {b["name"]: b["extra_info"]["tflop_per_s"] for b in run["benchmarks"]}
+            gpu = path.name.split("_")[0].replace("NVIDIA-", "").split("-")[0]
+            cells = [f"{bench[f'test_prefill_attention[{n}-{hd}-hopper]']:.0f}" for hd in (64, 128) for n in LENGTHS]
+            lines.append(f"| {gpu} {run['datetime'][11:16]} | {build} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+GENERATORS = {"tile-plan": tile_plan, "measured": measured, "kernel": kernel, "builds": builds}
