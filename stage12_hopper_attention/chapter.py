@@ -30,11 +30,12 @@ LENGTHS = (2048, 8192, 32768)
 LOGS = ROOT / "benchmarks" / "logs"
 # (logs folder, [(build, its pytest-benchmark file's suffix after the GPU and date)]): builds timed in one run
 BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
-           [("main then", "attention12"), ("S of tile j before P V of j - 1 (hd 64), 3 stages", "attention12-pipelined"),
-            ("main then, again", "attention12-again"), ("the same pipelining, again", "attention12-pipelined-again")]),
+           [("main then", "attention12"), ("S of tile j before P V of j - 1 (hd 64); 3 stages (both)",
+                                           "attention12-pipelined"),
+            ("the same pipelining, again", "attention12-pipelined-again"), ("main then, again", "attention12-again")]),
           ("2026-12-05-H200-hopper-attention-variants",
-           [("main then", "attention12-main"), ("112 registers (hd 64), 3 stages (hd 128)", "attention12-capped"),
-            ("the same, ex2.approx.ftz, the scale in the FMA", "attention12-ex2-ftz")]),
+           [("112 registers (hd 64); 3 stages (hd 128)", "attention12-capped"), ("main then", "attention12-main"),
+            ("the same as 112, with ex2.approx.ftz and the scale in the FMA", "attention12-ex2-ftz")]),
           ("2026-12-05-H100-hd128-three-stages-first-token", [("3 stages at hd 128 (main now)", "attention12")])]
 
 
@@ -98,8 +99,8 @@ def kernel() -> str:
 
 
 def builds() -> str:
-    lines = ["TFLOP/s of `attention_hopper.cu`'s builds (`bench_attention.py -k prefill`; each folder's builds in one "
-             "run, one after another):", "",
+    lines = ["TFLOP/s of `attention_hopper.cu`'s builds by `bench_attention.py -k prefill`, a log folder's builds in "
+             "one run:", "",
              "| run | build | " + " | ".join(f"hd {hd}, {n // 1024}K" for hd in (64, 128) for n in LENGTHS) + " |",
              "|" + " --- |" * 8]
     for folder, runs in BUILDS:
