@@ -28,7 +28,7 @@ class Kernels:
         """out[t] = table[ids[t]].   ids (T,) i32, table (V, H) bf16, out (T, H) bf16. ids must be < V."""
         from cuda.core import LaunchConfig
 
-        (T,), (V, H) = ids.shape, table.shape
+        (T,), (_, H) = ids.shape, table.shape
         if ids.dtype != "i32" or table.dtype != "bf16" or out.dtype != "bf16" or out.shape != (T, H) or H % 8:
             raise ValueError(f"embedding: ids {ids.shape} {ids.dtype}, table {table.shape} {table.dtype}, "
                              f"out {out.shape} {out.dtype} (needs i32, bf16, bf16, out (T, H), H % 8 == 0)")

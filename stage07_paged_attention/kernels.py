@@ -96,7 +96,7 @@ class Kernels:
 
     def embedding(self, ids: DeviceArray, table: DeviceArray, out: DeviceArray) -> None:
         """out[t] = table[ids[t]].   ids (T,) i32, table (V, H) bf16, out (T, H) bf16. ids must be < V."""
-        (T,), (V, H) = ids.shape, table.shape
+        (T,), (_, H) = ids.shape, table.shape
         _expect("embedding", ids.dtype == "i32" and table.dtype == out.dtype == "bf16" and out.shape == (T, H)
                 and H % 8 == 0, ids, table, out)
         self.gpu.launch(self._embedding, self._config("embedding", (T, -(-H // (8 * THREADS))), THREADS),

@@ -126,7 +126,7 @@ class Kernels:
         """out[t] = table[ids[t]], or table[prev_ids[prev_rows[t]]] where prev_rows is given and >= 0.
         ids, prev_rows (T,) i32, prev_ids (n,) i32, table (V, H) bf16, out (T, H) bf16. ids must be < V, and
         prev_rows < n."""
-        (T,), (V, H) = ids.shape, table.shape
+        (T,), (_, H) = ids.shape, table.shape
         _expect("embedding", ids.dtype == "i32" and table.dtype == out.dtype == "bf16" and out.shape == (T, H)
                 and H % 8 == 0 and (prev_rows is None or (prev_rows.shape == (T,) and prev_rows.dtype == "i32"
                                                           and prev_ids is not None and prev_ids.dtype == "i32")),
