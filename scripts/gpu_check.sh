@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
 # $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv (pytest-benchmark files), ncu12
-# (Nsight Compute on stage12's prefill kernels), profile
+# (Nsight Compute on stage12's prefill kernels), builds (each folder scripts/stage_builds.sh made: its kernel tests
+# BUILD_TESTS, then its BUILD_BENCH file -k BUILD_BENCH_K, one build after another), profile
 # (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
 # B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
 # ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat),
@@ -80,6 +81,15 @@ if want ncu12; then     # Nsight Compute on one launch of each prefill kernel at
         --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
         python3 -m pytest stage12_hopper_attention/bench_attention.py -k "prefill and 8192-$hd-$kernel" \
         --benchmark-only -p no:cacheprovider -q
+  done
+fi
+if want builds; then    # one stage's builds from several revisions (scripts/stage_builds.sh), tested then timed in one run
+  for d in builds/*/; do
+    b=$(basename "$d")
+    run "gpu-tests-$b" python3 -m pytest -m gpu -p no:cacheprovider -q -rs "$d/tests/test_kernels_gpu.py" \
+        -k "${BUILD_TESTS:-prompt_tiles or chunked or packed or boundaries or prefill or huge}"
+    run "bench-$b" python3 -m pytest "$d/${BUILD_BENCH:-bench_attention.py}" -k "${BUILD_BENCH_K:-prefill}" \
+        --benchmark-only -p no:cacheprovider -q --benchmark-json "$logs/${gpu}_${day}_pytest-bench-$b.json"
   done
 fi
 if want bench12; then   # the prefill kernels alone: attention_hopper (wgmma, TMA) beside attention_tiles
