@@ -166,10 +166,10 @@ __device__ __forceinline__ void attention_hopper(
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = k0 + 8 * nb + 2 * t + (e % 2);
-                sc[nb][e] = masked && key > pos[e / 2] ? NEG_INF : sc[nb][e] * scale;
+                if (masked && key > pos[e / 2]) sc[nb][e] = NEG_INF;
             }
         }
-        online_softmax_step(sc, m_run, l_run, o);      // the rows' max and sum; O rescaled
+        online_softmax_step(sc, m_run, l_run, o, scale);      // the rows' max and sum; O rescaled
 
         const int n_valid = min(TILE_N, last_pos + 1 - k0);
         if (n_valid < TILE_N) {                        // V past the last key: zeros, 16 bytes a thread, the rows
