@@ -45,7 +45,7 @@ def tile_plan() -> str:
     for hd in (64, 128):
         copies = " / ".join(str(2 * (hd // BOX_DIMS) * (TILE_N // box_rows(bs))) for bs in (8, 16, 32, 64))
         wgmma = hd // 16 + TILE_N // 16                        # S: hd / 16 k-steps; P V: 64 keys / 16
-        lines.append(f"| `attention_hopper.cu` | {hd} | {HOPPER_TILE_M} | {TILE_N} | "
+        lines.append(f"| `attention_hopper.cu` | {hd} | {HOPPER_TILE_M[hd]} | {TILE_N} | "
                      f"{hopper_shared_bytes(hd) / 1024:.0f} KiB | {HOPPER_STAGES[hd]} | {copies} (TMA) | "
                      f"{wgmma} wgmma a warpgroup (m64n64k16, m64n{hd}k16) |")
         stages = 2 if hd == 64 else 1                          # attention_tiles.cu's STAGES
