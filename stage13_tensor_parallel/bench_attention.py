@@ -9,9 +9,9 @@ sequence's blocks at shuffled places of the pool, block sizes 8, 16 (the default
   split    B = 1 over 256 and 1024 cached positions, the keys cut into 1, 2, 4, 8 and 16 splits whatever
            decode_split() would pick: where a batch-1 step's attention is fastest
   prefill  one prompt of 2048, 8192 and 32768 tokens, head_dim 64 (the 1B's 32 heads over 8) and 128 (16 over
-           4), through attention_hopper (wgmma, TMA; 128 M-rows a tile) and attention_tiles (mma.sync; 64): GPU
-           time per layer and achieved TFLOP/s (4 hd flops per (query, key, head) pair under the causal mask:
-           QK^T and PV)
+           4), through attention_hopper (wgmma, TMA; 192 M-rows a tile at head_dim 64, 128 at 128) and
+           attention_tiles (mma.sync; 64): GPU time per layer and achieved TFLOP/s (4 hd flops per (query, key,
+           head) pair under the causal mask: QK^T and PV)
 GPU time is from events around 20 launches queued while a spin kernel holds the GPU (common.bench.measure's
 gpu_and_host_ms), so they run back to back and the host's launch cost is not in the figures: they are the
 kernels'. (Without the hold, a kernel shorter than the host's time to queue it would time the host.)
@@ -126,7 +126,7 @@ def test_prefill_attention(benchmark, kernels, length, hd, kernel):
     qkv = random_bf16(gpu, (length, (nh + 2 * nkv) * hd), rng)
     k_cache, v_cache, tables = paged(gpu, rng, 1, length, block_size, nkv, hd)
     out = gpu.empty((length, nh * hd), "bf16")
-    rows = HOPPER_TILE_M // (nh // nkv) if kernel == "hopper" else tile_rows(nh, nkv, hd)
+    rows = HOPPER_TILE_M[hd] // (nh // nkv) if kernel == "hopper" else tile_rows(nh, nkv, hd)
     prompt, _ = plan_attention(np.array([[0, length, 0, 0]], np.int32), rows)
     tiles = gpu.to_device(prompt)
     if kernel == "hopper":

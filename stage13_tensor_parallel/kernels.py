@@ -22,8 +22,8 @@ ATTENTION_THREADS = 128  # attention_rows.cu's and attention_tiles.cu's WARPS * 
 ATTENTION_MAX_GROUP = 32  # attention_rows.cu's WARPS * MAX_HEADS_PER_WARP: query heads per K/V head
 TILE_M = 64              # attention_tiles.cu's TILE_M: (query row, query head) pairs a block
 TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take every row through attention_rows.cu
-HOPPER_TILE_M = 128      # attention_hopper.cu's TILE_M: (query row, query head) pairs of a prompt tile, on sm_90
-HOPPER_THREADS = 288     # its two consumer warpgroups and its producer warp
+HOPPER_TILE_M = {64: 192, 128: 128}   # attention_hopper.cu's TILE_M for each head_dim: (query row, query head)
+#                                       pairs of a prompt tile on sm_90, 64 for each consumer warpgroup
 HOPPER_STAGES = {64: 2, 128: 3}   # its STAGES for each head_dim: K/V tiles in shared memory at once
 MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over (a lane each in
 #                          split_combine.cuh's merge: at most the warp size)
@@ -271,9 +271,9 @@ class Kernels:
                          block_tables: DeviceArray, n_heads: int, n_kv_heads: int, head_dim: int,
                          block_size: int) -> None:
         """Causal GQA attention of prompt tiles on Hopper's pipeline (attention_hopper.cu): tiles (n, 4) i32 = first
-        row, rows (at most HOPPER_TILE_M / G), seq_slot, first position, from plan_attention(); kv_maps (2, 16) u64,
-        the layer's K and V tensor maps (tma.py) over a cache of `block_size` positions a block, read through
-        block_tables (B, W) i32; qkv (R, stride) bf16 (queries = the first nh heads), out (R, nh hd) bf16 (the
+        row, rows (at most HOPPER_TILE_M[head_dim] / G), seq_slot, first position, from plan_attention(); kv_maps
+        (2, 16) u64, the layer's K and V tensor maps (tma.py) over a cache of `block_size` positions a block, read
+        through block_tables (B, W) i32; qkv (R, stride) bf16 (queries = the first nh heads), out (R, nh hd) bf16 (the
         tiles' rows written). Only where hopper_prefill() says so."""
         R, stride = qkv.shape
         n = tiles.shape[0]
@@ -283,7 +283,8 @@ class Kernels:
                 and block_size & (block_size - 1) == 0 and out.shape == (R, n_heads * head_dim)
                 and stride >= n_heads * head_dim and stride % 2 == 0 and n_heads % n_kv_heads == 0
                 and n_heads // n_kv_heads <= ATTENTION_MAX_GROUP, qkv, out, kv_maps, tiles, block_tables)
-        config = self._config("attention_hopper", (n, n_kv_heads), HOPPER_THREADS, hopper_shared_bytes(head_dim))
+        threads = 2 * HOPPER_TILE_M[head_dim] + 32                      # its consumer warpgroups and producer warp
+        config = self._config("attention_hopper", (n, n_kv_heads), threads, hopper_shared_bytes(head_dim))
         self.gpu.launch(self._attention_hopper[head_dim], config, qkv.arg, out.arg, kv_maps.arg, tiles.arg,
                         block_tables.arg, *map(np.int32, (block_tables.shape[1], block_size.bit_length() - 1,
                                                           n_heads, n_kv_heads, stride)))

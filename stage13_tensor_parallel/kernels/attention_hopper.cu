@@ -9,14 +9,21 @@
 //   O += P V               4 wgmma m64n{hd}k16, P from registers (S's accumulator, rounded to bf16)
 //   after the last tile: out = O / l
 //
-// A block owns a tile of TILE_M = 128 M-rows, each a (query row, query head) pair of K/V head g's group, row-major
-// in the group (M-row m = query row m / G, head g G + m % G: 128 / G consecutive query rows of one chunk), as in
-// attention_tiles.cu but twice as many. Its 288 threads are specialised:
+// A block owns a tile of TILE_M M-rows, 64 for each of its consumer warpgroups, each M-row a (query row, query
+// head) pair of K/V head g's group, row-major in the group (M-row m = query row m / G, head g G + m % G: TILE_M / G
+// consecutive query rows of one chunk), as in attention_tiles.cu but taller. Its threads are specialised:
 //
-//   warp 8 (the producer): for key tile j = 0, 1, .. it waits until stage j % STAGES is empty, tells the stage's
-//     `full` barrier how many bytes are coming, and issues the TMA copies of tile j's keys and values into it
-//   warps 0-3 and 4-7 (two consumer warpgroups, M-rows 0-63 and 64-127): wait until stage j % STAGES is full,
-//     compute S, the softmax and O += P V, then arrive on the stage's `empty` barrier (one arrival a warp)
+//   the last warp (the producer): for key tile j = 0, 1, .. it waits until stage j % STAGES is empty, tells the
+//     stage's `full` barrier how many bytes are coming, and issues the TMA copies of tile j's keys and values
+//   warps 0-3, 4-7 (and 8-11): the consumer warpgroups, M-rows 0-63, 64-127 (and 128-191): wait until stage
+//     j % STAGES is full, compute S, the softmax and O += P V, then arrive on the stage's `empty` barrier (one
+//     arrival a warp)
+//
+// Three consumer warpgroups at head_dim 64 (TILE_M 192, 416 threads), two at 128 (TILE_M 128, 288 threads): a
+// warpgroup's own steps are serial (S, its softmax, P V, each waiting for the one before), so the tensor cores are
+// busy only while another warpgroup has a product to issue, and a third one is a third that can; every K/V tile
+// loaded also serves 192 M-rows instead of 128. At 128 a thread needs 168 registers (O alone is 64 of them): 416
+// threads of 168 exceed an SM's 65,536.
 //
 // so the copies of tile j + 1 are in flight while tile j is multiplied. Nothing but the barriers orders the two
 // sides: no __syncthreads() after the start.
@@ -30,23 +37,24 @@
 // are zeroed by the consumers before P V reads them (P is 0 there, but 0 * NaN is not 0), and S is set to -inf
 // there whatever K held.
 //
-// Launch: grid (n_tiles, nkv), block 288, dynamic shared memory STAGES * 2 * (hd / 64) * 8 KiB + 1 KiB (the
-// stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). tiles (n_tiles, 4) i32: first row, n_rows
-// (<= 128 / G), seq_slot, first position; the tiles' K/V are in the cache (rope_kv_write ran first). qkv
-// (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); kv_maps: this layer's two 128-byte tensor
-// maps, K then V, in global memory; block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows
+// Launch: grid (n_tiles, nkv), block 416 (head_dim 64) or 288 (128), dynamic shared memory STAGES * 2 * (hd / 64)
+// * 8 KiB + 1 KiB (the stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). tiles (n_tiles, 4) i32:
+// first row, n_rows (<= TILE_M / G), seq_slot, first position; the tiles' K/V are in the cache (rope_kv_write ran
+// first). qkv (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); kv_maps: this layer's two 128-byte
+// tensor maps, K then V, in global memory; block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows
 // written. G <= 32.
 #include <cuda_bf16.h>
 #include "hopper.cuh"
 #include "online_softmax.cuh"
 #include "pdl.cuh"
 
-#define TILE_M 128                // M-rows of a block: 64 per consumer warpgroup, 16 per warp
 #define TILE_N 64                 // keys of a K/V tile
-#define CONSUMERS 256             // two warpgroups
 #define ATOM 8192                 // bytes of 64 rows x 128 bytes: one 64-column chunk of a tile
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define LOG2E 1.4426950408889634f
+
+template <int HD> constexpr int warpgroups = HD == 64 ? 3 : 2;   // consumer warpgroups (kernels.py's HOPPER_TILE_M)
+template <int HD> constexpr int consumers = 128 * warpgroups<HD>;  // their threads
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);     // lo in the low half: the lower column
@@ -60,6 +68,7 @@ __device__ __forceinline__ void attention_hopper(
         int n_heads, int n_kv_heads, int row_stride) {
     constexpr int CHUNKS = HD / 64, KSTEPS = HD / 16, DBLOCKS = HD / 8, NBLOCKS = TILE_N / 8;
     constexpr int STAGES = HD == 64 ? 2 : 3;                    // tiles in flight (kernels.py's HOPPER_STAGES)
+    constexpr int CONSUMERS = consumers<HD>;
     constexpr int STAGE_BYTES = 2 * CHUNKS * ATOM;               // K, then V
     extern __shared__ unsigned char smem_raw[];
     __shared__ unsigned long long full[STAGES], empty[STAGES];
@@ -157,20 +166,20 @@ __device__ __forceinline__ void attention_hopper(
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = k0 + 8 * nb + 2 * t + (e % 2);
-                sc[nb][e] = masked && key > pos[e / 2] ? NEG_INF : sc[nb][e] * scale;
+                if (masked && key > pos[e / 2]) sc[nb][e] = NEG_INF;
             }
         }
-        online_softmax_step(sc, m_run, l_run, o);      // the rows' max and sum; O rescaled
+        online_softmax_step(sc, m_run, l_run, o, scale);      // the rows' max and sum; O rescaled
 
         const int n_valid = min(TILE_N, last_pos + 1 - k0);
         if (n_valid < TILE_N) {                        // V past the last key: zeros, 16 bytes a thread, the rows
-            for (int x = threadIdx.x; x < (TILE_N - n_valid) * CHUNKS * 8; x += CONSUMERS) {   // shared by both
+            for (int x = threadIdx.x; x < (TILE_N - n_valid) * CHUNKS * 8; x += CONSUMERS) {   // shared by all
                 const int r = n_valid + x / (CHUNKS * 8), chunk = x % (CHUNKS * 8);               // warpgroups
                 uint4* at = reinterpret_cast<uint4*>(v_tile + (chunk / 8) * ATOM + r * 128 + (chunk % 8) * 16);
                 *at = make_uint4(0, 0, 0, 0);
             }
             fence_async_shared();                      // visible to wgmma (the async proxy), once every consumer
-            asm volatile("bar.sync 1, 256;" ::: "memory");   // thread has written its share (named barrier 1)
+            asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");   // has written its share (barrier 1)
         }
         unsigned pf[TILE_N / 16][4];                   // P as wgmma's A operand: S's registers, in bf16, 16 keys
 #pragma unroll                                         // a step (written before the fence, which orders them)
@@ -210,7 +219,7 @@ __device__ __forceinline__ void attention_hopper(
 }
 
 #define INSTANTIATE(HD)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(CONSUMERS + 32) attention_hopper_hd##HD(                          \
+    extern "C" __global__ void __launch_bounds__(consumers<HD> + 32) attention_hopper_hd##HD(                          \
             const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ out,                                \
             const unsigned long long* kv_maps, const int* __restrict__ tiles,                                      \
             const int* __restrict__ block_tables, int table_width, int block_shift, int n_heads, int n_kv_heads,   \

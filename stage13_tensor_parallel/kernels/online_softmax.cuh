@@ -7,9 +7,19 @@
 // The four lanes of a quad hold a row: its max and sum take two shuffles each.
 #pragma once
 
+// 2^x in one MUFU instruction: exp2f is ex2.approx.f32, which keeps subnormal results at the cost of a compare and
+// two multiplies more; a weight below 2^-126 of the row's largest is 0 in bf16 anyway
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// scale: the scores' factor into log2 units, applied inside the exponent's FMA (s arrives unscaled, masked to -inf),
+// or 1 where the caller scaled them
 template <int NB, int DB>
 __device__ __forceinline__ void online_softmax_step(float (&s)[NB][4], float (&m)[2], float (&l)[2],
-                                                    float (&o)[DB][4]) {
+                                                    float (&o)[DB][4], float scale = 1.0f) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         float tile_max = -__int_as_float(0x7f800000);
@@ -18,12 +28,12 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NB][4], float (&m
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
         const float m_new = fmaxf(m[i], tile_max);    // finite: the first tile holds a key at or before the row
-        const float a = exp2f(m[i] - m_new);
+        const float a = exp2_ftz((m[i] - m_new) * scale), m_scaled = m_new * scale;
         float p_sum = 0.0f;
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
-            s[nb][2 * i] = exp2f(s[nb][2 * i] - m_new);
-            s[nb][2 * i + 1] = exp2f(s[nb][2 * i + 1] - m_new);
+            s[nb][2 * i] = exp2_ftz(fmaf(s[nb][2 * i], scale, -m_scaled));
+            s[nb][2 * i + 1] = exp2_ftz(fmaf(s[nb][2 * i + 1], scale, -m_scaled));
             p_sum += s[nb][2 * i] + s[nb][2 * i + 1];
         }
         p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);

@@ -154,7 +154,7 @@ def attend(kernels, qkv, pool, out, spans, nh, nkv, hd, tile_rows=None, split=No
     gpu = kernels.gpu
     hopper = kernels.hopper_prefill(hd, pool.bs) if hopper is None else hopper
     if tile_rows is None:
-        tile_rows = HOPPER_TILE_M // (nh // nkv) if hopper else rows_a_tile(nh, nkv, hd)
+        tile_rows = HOPPER_TILE_M[hd] // (nh // nkv) if hopper else rows_a_tile(nh, nkv, hd)
     prompt, decode = plan_attention(np.asarray(spans, np.int32).reshape(-1, 4), tile_rows)
     if len(prompt) and hopper:
         maps = kv_tensor_maps(gpu, SimpleNamespace(k=[pool.k], v=[pool.v]))
