@@ -88,6 +88,7 @@ class Kernels:
         """pdl: launch with programmatic dependent launch (kernels/pdl.cuh); False launches each kernel only
         after the one before has finished (a test compares the two)."""
         self.gpu, self.pdl = gpu, pdl
+        self._tables_written = False   # by the launch before: the next one is not early (_config)
 
         def load(file: str, *names: str):
             module = KernelModule(KERNEL_DIR / file, gpu.arch)
@@ -110,15 +111,18 @@ class Kernels:
         self._checksum_config = self._config("checksum", 4 * sms, THREADS)
 
     def _config(self, key, grid, block, shmem_size=0):
-        """A LaunchConfig per (kernel, shape), built on first use and kept. With pdl every kernel is launched
-        with programmatic stream serialization (programmatic dependent launch, kernels/pdl.cuh): it may start
-        before the kernel ahead of it in the stream has finished, and waits for it inside, where it has to."""
+        """A LaunchConfig per (kernel, shape), built on first use and kept, for the launch about to be made. With
+        pdl every kernel is launched with programmatic stream serialization (programmatic dependent launch,
+        kernels/pdl.cuh): it may start before the kernel ahead of it in the stream has finished, and waits for it
+        inside, where it has to. Not the launch after block_table_write(): attention_tiles.cu reads the tables
+        before its wait, so every kernel after the write must start once it has finished."""
         from cuda.core import LaunchConfig
 
-        config = self._configs.get((key, grid, block, shmem_size))
+        pdl, self._tables_written = self.pdl and not self._tables_written, False
+        config = self._configs.get((key, grid, block, shmem_size, pdl))
         if config is None:
-            config = self._configs[(key, grid, block, shmem_size)] = LaunchConfig(
-                grid=grid, block=block, shmem_size=shmem_size, programmatic_stream_serialization=self.pdl)
+            config = self._configs[(key, grid, block, shmem_size, pdl)] = LaunchConfig(
+                grid=grid, block=block, shmem_size=shmem_size, programmatic_stream_serialization=pdl)
         return config
 
     def embedding(self, ids: DeviceArray, table: DeviceArray, out: DeviceArray, prev_rows: DeviceArray | None = None,
@@ -194,6 +198,7 @@ class Kernels:
                 and updates.shape == (n, 2) and n > 0, block_tables, updates)
         self.gpu.launch(self._block_table_write, self._config("block_table", -(-n // THREADS), THREADS),
                         block_tables.arg, updates.arg, np.int32(n))
+        self._tables_written = True
 
     def attention(self, qkv: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray, out: DeviceArray,
                   partial: DeviceArray, arrivals: DeviceArray, tiles: DeviceArray, block_tables: DeviceArray,

@@ -4,6 +4,7 @@ any machine; what the kernels compute is the GPU tier's. A small decode step tak
 kinds: five kernels a layer) at the sizes in fused_sizes and the unfused one (norms, cuBLAS, rope_kv_write,
 silu_mul) at the others, and the step's end in one GEMV at the sizes in head_sizes; a prompt step of more rows
 than a GEMV takes is never fused."""
+from dataclasses import replace
 from itertools import count
 from types import SimpleNamespace
 
@@ -30,7 +31,7 @@ class RecordingGpu:
     def __init__(self):
         self.device = SimpleNamespace(properties=SimpleNamespace(multiprocessor_count=132))
         self.stream = SimpleNamespace(record=lambda: SimpleNamespace(sync=lambda: None))
-        self.launches, self._next = [], count(1)
+        self.launches, self.early, self._next = [], [], count(1)   # early: each launch's PDL attribute
 
     def empty(self, shape, dtype):
         nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype][0]
@@ -42,6 +43,7 @@ class RecordingGpu:
 
     def launch(self, kernel, config, *args):
         self.launches.append((kernel, config.grid, args))
+        self.early.append(config.programmatic_stream_serialization)
 
     def fill_bytes(self, arr, byte):
         pass
@@ -218,6 +220,20 @@ def test_pick_head_times_the_step_s_end_both_ways_at_each_fused_size(model, monk
     model.head_sizes = set()
     assert graphs.pick_head(model, GemmTimings(tmp_path / "t.json")) == {1: (10.0, 5.0), 4: (10.0, 12.0)}
     assert model.head_sizes == {1}
+
+
+def test_every_kernel_after_the_table_write_starts_once_it_has_finished(model):
+    """attention_tiles.cu reads the block tables, and a decode row's older keys, before its wait for the kernel
+    ahead (kernels/pdl.cuh): the launch after block_table_write() is not early, and so no kernel after it starts
+    before the tables are whole; every other launch is early."""
+    model.forward(decode_step(2))
+    names = [k for k, *_ in model.gpu.launches]
+    after = names.index("block_table_write") + 1
+    assert names[after] == "embedding_gather" and not model.gpu.early[after]
+    assert all(early for i, early in enumerate(model.gpu.early) if i != after)
+    model.gpu.launches.clear(), model.gpu.early.clear()
+    model.forward(replace(decode_step(2), table_updates=np.zeros((0, 2), np.int32)))   # no table written
+    assert "block_table_write" not in [k for k, *_ in model.gpu.launches] and all(model.gpu.early)
 
 
 def test_a_prompt_step_is_never_fused(model):

@@ -5,7 +5,10 @@
 // idle. Launched with programmatic stream serialization (kernels.py), a kernel may start as soon as every
 // block of the kernel before it has called launch_dependents() (or exited); it then calls wait_for_inputs(),
 // which holds the thread until that kernel has finished and its writes are visible. Between the two, a kernel
-// may read only what no kernel of a step writes: the weights (gemv.cu loads its first weights there).
+// may read only what no kernel of a step writes: the weights (gemv.cu loads its first weights there); the step's
+// inputs, copied in before its first kernel; and the block tables, with the cached keys and values of positions
+// the step does not write (attention_tiles.cu's decode rows): the launch after block_table_write(), the one kernel
+// that writes tables, is not early (kernels.py), so every kernel after it starts once the tables are whole.
 //
 // Rules that keep it correct: every kernel calls wait_for_inputs() in every thread before its first read of an
 // activation and its first write, even a thread with nothing to do -- so a kernel's end implies the end of all

@@ -110,7 +110,10 @@ __device__ __forceinline__ void attention_tile(
     const int first_row = tile[0], n_rows = tile[1], first_pos = tile[3], g = blockIdx.y;
     const int group = n_heads / n_kv_heads, begin = blockIdx.z * keys_per_split;
     const int last_pos = min(first_pos + n_rows - 1, begin + keys_per_split - 1);   // the last key this block reads
-    if (begin > last_pos) return;                              // a split past this row's keys
+    if (begin > last_pos) {                                    // a split past this row's keys
+        wait_for_inputs();
+        return;
+    }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q = lane / 4, t = lane % 4;
     const int kv_stride = n_kv_heads * HD;
     const int* table = block_tables + static_cast<long long>(tile[2]) * table_width;   // this sequence's blocks
@@ -129,6 +132,28 @@ __device__ __forceinline__ void attention_tile(
         head[i] = g * group + m % group;
         pos[i] = min(first_pos + row[i], last_pos);  // the last key it sees here: its position, or the split's end
     }
+    // queue the copy of the keys k0 + j, j < TILE_N, into buffer `stage`: those in [lo, hi] from the cache, and
+    // where `zeros` those past last_pos as zeros (the tile's other keys are left to another call)
+    auto load_keys = [&](int k0, int stage, int lo, int hi, bool zeros) {
+        for (int x = threadIdx.x; x < TILE_N * (HD / 8); x += blockDim.x) {   // 16 bytes (8 bf16) each
+            const int j = x / (HD / 8), c = 8 * (x % (HD / 8));
+            const bool inside = k0 + j >= lo && k0 + j <= hi;
+            if (!inside && !(zeros && k0 + j > last_pos)) continue;
+            const int p = inside ? k0 + j : begin;                     // past the end: any cached key
+            const long long slot = (static_cast<long long>(table[p >> block_shift]) << block_shift) | (p & in_block);
+            const long long at = slot * kv_stride + g * HD + c;
+            cp_async_16(&k_tiles[stage][j][c], k_cache + at, inside ? 16 : 0);
+            cp_async_16(&v_tiles[stage][j][c], v_cache + at, inside ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    auto load_tile = [&](int k0, int stage) { load_keys(k0, stage, k0, last_pos, true); };
+    // A split launch's tiles are decode rows (one each): of their keys only the row's own position, first_pos, is
+    // written in this step, so the first tile's older keys are copied before the kernel ahead has finished
+    // (pdl.cuh); the rest of the tile, and Q, after it.
+    load_keys(begin, 0, begin, split_keys ? min(last_pos, first_pos - 1) : begin - 1, false);
+    wait_for_inputs();
+    load_keys(begin, 0, split_keys ? first_pos : begin, last_pos, true);
     unsigned qf[KSTEPS][4];                           // Q's A fragments, for the whole tile loop
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
@@ -143,20 +168,6 @@ __device__ __forceinline__ void attention_tile(
 #pragma unroll
     for (int db = 0; db < DBLOCKS; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
 
-    // queue the copy of the keys k0 .. k0 + TILE_N - 1 (zeros past last_pos) into buffer `stage`
-    auto load_tile = [&](int k0, int stage) {
-        for (int x = threadIdx.x; x < TILE_N * (HD / 8); x += blockDim.x) {   // 16 bytes (8 bf16) each
-            const int j = x / (HD / 8), c = 8 * (x % (HD / 8));
-            const int p = k0 + j <= last_pos ? k0 + j : begin;           // past the end: any cached key
-            const long long slot = (static_cast<long long>(table[p >> block_shift]) << block_shift) | (p & in_block);
-            const long long at = slot * kv_stride + g * HD + c;
-            const bool inside = k0 + j <= last_pos;
-            cp_async_16(&k_tiles[stage][j][c], k_cache + at, inside ? 16 : 0);
-            cp_async_16(&v_tiles[stage][j][c], v_cache + at, inside ? 16 : 0);
-        }
-        cp_async_commit();
-    };
-    load_tile(begin, 0);
     for (int k0 = begin, it = 0; k0 <= last_pos; k0 += TILE_N, ++it) {
         const bool more = k0 + TILE_N <= last_pos;
         if (STAGES == 2 && more) {
@@ -247,7 +258,7 @@ __device__ __forceinline__ void attention_tile(
             int* __restrict__ arrivals, const int* __restrict__ tiles, const int* __restrict__ block_tables,        \
             int table_width, int block_shift, int n_heads, int n_kv_heads, int row_stride,                         \
             const int* __restrict__ split_keys) {                                                                  \
-        begin_after_previous();                                                                                    \
+        launch_dependents();                     /* attention_tile waits for its inputs, after its early copies */ \
         attention_tile<HD>(qkv, k_cache, v_cache, out, partial, arrivals, tiles, block_tables, table_width,       \
                            block_shift, n_heads, n_kv_heads, row_stride, split_keys);                              \
     }
