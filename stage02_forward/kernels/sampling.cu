@@ -74,23 +74,21 @@ extern "C" __global__ void sample_token(const float* __restrict__ logits, int vo
     };
     float total;
     kept(0u, total);
-    unsigned int cut = 0u;                               // invariant: `holds` below holds at `cut`
+    unsigned int cut = 0u;                               // invariant: bisect's test below holds at `cut`
     float kept_mass = total;
-    // raise cut to the largest key at which holds(count, mass) of the kept set still does
-    auto bisect = [&](auto holds) {
+    // raise cut to the largest key that still keeps at least min_count logits and min_mass of mass
+    // (a plain lambda: NVRTC 13.0 takes a generic one's operator() for host code)
+    auto bisect = [&](int min_count, float min_mass) {
         unsigned int hi = 0xffffffffu;
         while (cut < hi) {
             const unsigned int mid = cut + static_cast<unsigned int>((1ull + hi - cut) / 2);  // no wrap at 2^32
             float mass;
             const int count = kept(mid, mass);
-            if (holds(count, mass)) { cut = mid; kept_mass = mass; } else { hi = mid - 1u; }
+            if (count >= min_count && mass >= min_mass) { cut = mid; kept_mass = mass; } else { hi = mid - 1u; }
         }
     };
-    if (k < vocab) bisect([&](int count, float) { return count >= k; });
-    if (top_p < 1.0f) {                                  // top_p of what top_k kept, from its cutoff up
-        const float wanted = top_p * kept_mass;
-        bisect([&](int, float mass) { return mass >= wanted; });
-    }
+    if (k < vocab) bisect(k, 0.0f);
+    if (top_p < 1.0f) bisect(0, top_p * kept_mass);      // top_p of what top_k kept, from its cutoff up
 
     // draw: first index whose running kept mass exceeds target (index order, one contiguous chunk per thread)
     const float target = uniform01(seed, counter) * kept_mass;
