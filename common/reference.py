@@ -84,7 +84,8 @@ class ReferenceModel:
 
 
 def sample_reference(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """Greedy, or temperature + top-k + top-p (the definitions the GPU sampler is tested against)."""
+    """Greedy, or temperature, then top-k, then top-p of the tokens top-k kept (vLLM's order; the definitions the GPU
+    sampler is tested against)."""
     if params.greedy:
         return int(np.argmax(logits))
     probs = softmax(logits.astype(np.float64) / params.temperature)
@@ -93,7 +94,7 @@ def sample_reference(logits: np.ndarray, params: SamplingParams, rng: np.random.
     order = np.argsort(-probs, kind="stable")
     keep = len(order) if params.top_k in (0, -1) else min(params.top_k, len(order))
     cum = np.cumsum(probs[order[:keep]])
-    keep = min(keep, int(np.searchsorted(cum, params.top_p)) + 1)      # smallest prefix reaching top_p
+    keep = min(keep, int(np.searchsorted(cum, params.top_p * cum[-1])) + 1)   # top_p of what top_k kept (vLLM)
     kept = order[:keep]
     return int(rng.choice(kept, p=probs[kept] / probs[kept].sum()))
 

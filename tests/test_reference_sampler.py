@@ -27,3 +27,14 @@ def test_top_k_cuts_and_greedy_takes_the_first_maximum():
     logits = np.array([2.0, 1.0, 2.0, -1.0], np.float32)
     assert set(np.flatnonzero(frequencies(SamplingParams(temperature=1.0, top_k=2), logits, n=2000))) == {0, 2}
     assert sample_reference(logits, SamplingParams(temperature=0.0), np.random.default_rng(0)) == 0
+
+
+def test_top_p_is_taken_of_what_top_k_kept():
+    """vLLM's order: top-k, then top-p of the kept tokens' own mass. Probabilities 0.4, 0.3, 0.2, 0.1 with
+    top_k = 2 and top_p = 0.5: the first token holds 0.4 / 0.7 = 57% of what top-k kept, so it alone is kept
+    (taken over the whole vocabulary, 0.4 < 0.5 would have kept both)."""
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.1]))
+    got = frequencies(SamplingParams(temperature=1.0, top_k=2, top_p=0.5), logits, n=2000)
+    assert set(np.flatnonzero(got)) == {0}
+    got = frequencies(SamplingParams(temperature=1.0, top_k=2, top_p=0.6), logits, n=2000)
+    assert set(np.flatnonzero(got)) == {0, 1}                   # 0.57 < 0.6: both

@@ -47,11 +47,12 @@ def test_same_seed_same_tokens_other_seed_other_tokens(sampler):
 
 def allowed_set(logits, temperature, top_k, top_p):
     """The reference rule (common.reference.sample_reference): the top_k most likely, cut to the smallest
-    prefix whose probability reaches top_p."""
+    prefix holding top_p of their probability."""
     probs = softmax(np.asarray(logits, np.float64) / temperature)
     order = np.argsort(-probs, kind="stable")
     keep = len(order) if top_k <= 0 else min(top_k, len(order))
-    keep = min(keep, int(np.searchsorted(np.cumsum(probs[order[:keep]]), top_p)) + 1)
+    cum = np.cumsum(probs[order[:keep]])
+    keep = min(keep, int(np.searchsorted(cum, top_p * cum[-1])) + 1)
     return set(order[:keep].tolist())
 
 
@@ -66,6 +67,15 @@ def test_top_k_top_p_never_leave_the_allowed_set(sampler, V, temperature, top_k,
     assert set(picks.tolist()) <= allowed
     if len(allowed) > 1:
         assert len(set(picks.tolist())) > 1                                   # and it does sample, not argmax
+
+
+def test_top_p_is_taken_of_what_top_k_kept(sampler):
+    """vLLM's order: top-k, then top-p of the kept tokens' own mass. Probabilities 0.4, 0.3, 0.2, 0.1 with
+    top_k = 2, top_p = 0.5: the first token holds 57% of what top-k kept, so it alone may be drawn (over the whole
+    vocabulary 0.4 < 0.5, and the second would be drawn too); at top_p = 0.6 both."""
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.1])).astype(np.float32)
+    assert set(sampler(logits, 1.0, 2, 0.5, seed=5, counters=range(400)).tolist()) == {0}
+    assert set(sampler(logits, 1.0, 2, 0.6, seed=5, counters=range(400)).tolist()) == {0, 1}
 
 
 def test_temperature_sampling_matches_softmax(sampler):

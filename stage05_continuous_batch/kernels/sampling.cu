@@ -4,16 +4,17 @@
 //
 //   greedy (temperature == 0):  token = argmax_i l_i, the first index on ties
 //   otherwise:                  q_i = exp((l_i - max l) / T)                      (softmax(l / T), unnormalised)
-//     kept set S: the most likely tokens, at most top_k of them (0 = no limit), and no more than the smallest
-//                 such prefix whose probability reaches top_p;  token ~ q_i / sum_{j in S} q_j over S
+//     kept set S: the most likely tokens, at most top_k of them (0 = no limit), then of those the smallest prefix
+//                 holding top_p of their probability (vLLM's order);  token ~ q_i / sum_{j in S} q_j over S
 //   logits (n, V) fp32; per seq_slot (S,): temperature, top_p fp32, top_k int32, seed uint64; per row (n,):
 //   logit_seq_slots (each < S), counter, out int32.
 //
-// Finding S without sorting V = 128256 values: S is every token whose logit is >= a cutoff c, and c is the
-// largest value for which  count(l >= c) >= top_k  or  mass(l >= c) >= top_p * sum_i q_i  still holds (both
-// shrink as c grows, so "largest c with either" is the larger of the two cutoffs: the smaller set). Floats map
-// to uint32 keys in the same order, so c is found by bisection over the 2^32 keys: 32 passes over the row,
-// each a count and a mass summed by the block. (All tokens tied with c at the cutoff are kept.)
+// Finding S without sorting V = 128256 values: S is every token whose logit is >= a cutoff c. Both count(l >= c)
+// and mass(l >= c) shrink as c grows, so top_k's cutoff is the largest c with count(l >= c) >= top_k, and top_p's
+// then the largest c above it with mass(l >= c) >= top_p * M, M the mass top_k kept (sum_i q_i without top_k).
+// Floats map to uint32 keys in the same order, so each cutoff is found by bisection over the 2^32 keys: 32
+// passes over the row (64 with both), each a count and a mass summed by the block. (All tokens tied with c at
+// the cutoff are kept.)
 //
 // The draw: u = hash(seed, counter) in [0, 1), counter = the request's number of tokens generated so far. This
 // is a counter-based generator: the n-th draw of a request depends only on (seed, n), no state is carried, and
@@ -84,17 +85,21 @@ extern "C" __global__ void sample_tokens(const float* __restrict__ all_logits, i
     };
     float total;
     kept(0u, total);
-    unsigned int cut = 0u;                               // invariant: the predicate holds at `cut`
+    unsigned int cut = 0u;                               // invariant: bisect's test below holds at `cut`
     float kept_mass = total;
-    if (k < vocab || top_p < 1.0f) {
+    // raise cut to the largest key that still keeps at least min_count logits and min_mass of mass
+    // (a plain lambda: NVRTC 13.0 takes a generic one's operator() for host code)
+    auto bisect = [&](int min_count, float min_mass) {
         unsigned int hi = 0xffffffffu;
         while (cut < hi) {
             const unsigned int mid = cut + static_cast<unsigned int>((1ull + hi - cut) / 2);  // no wrap at 2^32
             float mass;
             const int count = kept(mid, mass);
-            if (count >= k || mass >= top_p * total) { cut = mid; kept_mass = mass; } else { hi = mid - 1u; }
+            if (count >= min_count && mass >= min_mass) { cut = mid; kept_mass = mass; } else { hi = mid - 1u; }
         }
-    }
+    };
+    if (k < vocab) bisect(k, 0.0f);
+    if (top_p < 1.0f) bisect(0, top_p * kept_mass);      // top_p of what top_k kept, from its cutoff up
 
     // draw: first index whose running kept mass exceeds target (index order, one contiguous chunk per thread)
     const float target = uniform01(seed, counter) * kept_mass;
