@@ -36,7 +36,11 @@ BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
           ("2026-12-05-H200-hopper-attention-variants",
            [("112 registers (hd 64); 3 stages (hd 128)", "attention12-capped"), ("main then", "attention12-main"),
             ("the same as 112, with ex2.approx.ftz and the scale in the FMA", "attention12-ex2-ftz")]),
-          ("2026-12-05-H100-hd128-three-stages-first-token", [("3 stages at hd 128 (main now)", "attention12")])]
+          ("2026-12-05-H100-hd128-three-stages-first-token", [("3 stages at hd 128", "attention12")]),
+          ("2026-12-05-H100-branches-landed-measured/builds",
+           [("main then", "b_main"), ("three consumer warpgroups (hd 64)", "b_wip_hopper_three_warpgroups"),
+            ("three warpgroups and ex2.approx.ftz (main now)", "b_wip_hopper_three_warpgroups_ex2_ftz"),
+            ("ex2.approx.ftz, the scale in the FMA", "b_wip_softmax_ex2_ftz")])]
 
 
 def tile_plan() -> str:

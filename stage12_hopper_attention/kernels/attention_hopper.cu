@@ -1,7 +1,7 @@
 // attention_hopper.cu: causal GQA attention of prompt tiles on Hopper's own pipeline (sm_90a; head_dim 64 and 128):
 // the online softmax of attention_tiles.cu (the recurrence and its proof are in attention_rows.cu), with both
 // matrix products on warpgroup MMA and the K/V tiles brought by the tensor memory accelerator into a ring of
-// shared-memory stages, which mbarriers pass between one producer warp and two consumer warpgroups.
+// shared-memory stages, which mbarriers pass between one producer warp and two or three consumer warpgroups.
 //
 //   S = Q K^T / sqrt(hd)   per consumer warpgroup: 64 M-rows x 64 keys, hd / 16 wgmma m64n64k16 (Q from registers)
 //   mask S[m, j] = -inf where key j > the position of M-row m          (only tiles that reach past a row)
@@ -17,16 +17,16 @@
 //     stage's `full` barrier how many bytes are coming, and issues the TMA copies of tile j's keys and values
 //   warps 0-3, 4-7 (and 8-11): the consumer warpgroups, M-rows 0-63, 64-127 (and 128-191): wait until stage
 //     j % STAGES is full, compute S, the softmax and O += P V, then arrive on the stage's `empty` barrier (one
-//     arrival a warp)
+//     arrival a warp),
+//
+// so the copies of tile j + 1 are in flight while tile j is multiplied. Nothing but the barriers orders the two
+// sides: no __syncthreads() after the start.
 //
 // Three consumer warpgroups at head_dim 64 (TILE_M 192, 416 threads), two at 128 (TILE_M 128, 288 threads): a
 // warpgroup's own steps are serial (S, its softmax, P V, each waiting for the one before), so the tensor cores are
 // busy only while another warpgroup has a product to issue, and a third one is a third that can; every K/V tile
 // loaded also serves 192 M-rows instead of 128. At 128 a thread needs 168 registers (O alone is 64 of them): 416
 // threads of 168 exceed an SM's 65,536.
-//
-// so the copies of tile j + 1 are in flight while tile j is multiplied. Nothing but the barriers orders the two
-// sides: no __syncthreads() after the start.
 //
 // The cache is paged: the keys of positions p .. p + BS - 1 (a whole block of seq_slot b, BS = 1 << block_shift)
 // sit in consecutive cache slots block_tables[b][p / BS] * BS ... The tensor map (tma.py) views one layer's K (or
