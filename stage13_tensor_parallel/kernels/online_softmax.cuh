@@ -5,7 +5,14 @@
 //   s (NB x 4)   the tile's scores in log2 units, masked (-inf); becomes P = exp2(s - m_new)
 //   m, l (2)     the rows' running max and sum; o (DB x 4) their running output, scaled by exp2(m - m_new)
 // The four lanes of a quad hold a row: its max and sum take two shuffles each.
+//
+// m need not be the true maximum: O / l is the same for any reference point that keeps P finite. So the step moves
+// m, and rescales l and O, only where some row of the warp saw its maximum rise by more than RESCALE_LOG2 (2^8 in
+// weight); otherwise P is taken against the old m, at most 2^8, and the DB x 4 multiplies of O are skipped. After
+// the first few tiles of a causal row its maximum rarely rises that far. The vote keeps the branch warp-uniform.
 #pragma once
+
+#define RESCALE_LOG2 8.0f
 
 // 2^x in one MUFU instruction: exp2f is ex2.approx.f32, which keeps subnormal results at the cost of a compare and
 // two multiplies more; a weight below 2^-126 of the row's largest is 0 in bf16 anyway
@@ -20,15 +27,22 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 template <int NB, int DB>
 __device__ __forceinline__ void online_softmax_step(float (&s)[NB][4], float (&m)[2], float (&l)[2],
                                                     float (&o)[DB][4], float scale = 1.0f) {
+    float tile_max[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        float tile_max = -__int_as_float(0x7f800000);
+        tile_max[i] = -__int_as_float(0x7f800000);
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) tile_max = fmaxf(tile_max, fmaxf(s[nb][2 * i], s[nb][2 * i + 1]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float m_new = fmaxf(m[i], tile_max);    // finite: the first tile holds a key at or before the row
-        const float a = exp2_ftz((m[i] - m_new) * scale), m_scaled = m_new * scale;
+        for (int nb = 0; nb < NB; ++nb) tile_max[i] = fmaxf(tile_max[i], fmaxf(s[nb][2 * i], s[nb][2 * i + 1]));
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+    }
+    // "not at most": the first tile (m = -inf) always moves m
+    const bool rises = !((tile_max[0] - m[0]) * scale <= RESCALE_LOG2 && (tile_max[1] - m[1]) * scale <= RESCALE_LOG2);
+    const bool move = __any_sync(0xffffffffu, rises);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float m_new = move ? fmaxf(m[i], tile_max[i]) : m[i];   // finite: the first tile holds a key at or
+        const float m_scaled = m_new * scale;                          // before the row
         float p_sum = 0.0f;
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
@@ -38,12 +52,17 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[NB][4], float (&m
         }
         p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 1);
         p_sum += __shfl_xor_sync(0xffffffffu, p_sum, 2);
-        l[i] = a * l[i] + p_sum;
-        m[i] = m_new;
+        if (move) {
+            const float a = exp2_ftz((m[i] - m_new) * scale);
+            l[i] = a * l[i] + p_sum;
 #pragma unroll
-        for (int db = 0; db < DB; ++db) {
-            o[db][2 * i] *= a;
-            o[db][2 * i + 1] *= a;
+            for (int db = 0; db < DB; ++db) {
+                o[db][2 * i] *= a;
+                o[db][2 * i + 1] *= a;
+            }
+        } else {
+            l[i] += p_sum;
         }
+        m[i] = m_new;
     }
 }
