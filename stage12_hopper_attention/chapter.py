@@ -39,8 +39,10 @@ BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
           ("2026-12-05-H100-hd128-three-stages-first-token", [("3 stages at hd 128", "attention12")]),
           ("2026-12-05-H100-branches-landed-measured/builds",
            [("main then", "b_main"), ("three consumer warpgroups (hd 64)", "b_wip_hopper_three_warpgroups"),
-            ("three warpgroups and ex2.approx.ftz (main now)", "b_wip_hopper_three_warpgroups_ex2_ftz"),
-            ("ex2.approx.ftz, the scale in the FMA", "b_wip_softmax_ex2_ftz")])]
+            ("three warpgroups and ex2.approx.ftz", "b_wip_hopper_three_warpgroups_ex2_ftz"),
+            ("ex2.approx.ftz, the scale in the FMA", "b_wip_softmax_ex2_ftz")]),
+          ("2026-12-05-H100-lazy-rescale", [("main then", "b_main"),
+                                            ("O rescaled only past 2^8 (main now)", "b_wip_softmax_lazy_rescale")])]
 
 
 def tile_plan() -> str:
