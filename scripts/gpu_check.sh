@@ -81,6 +81,12 @@ if want ncu12; then     # Nsight Compute on one launch of each prefill kernel at
         --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
         python3 -m pytest stage12_hopper_attention/bench_attention.py -k "prefill and 8192-$hd-$kernel" \
         --benchmark-only -p no:cacheprovider -q
+    # how busy each pipe was: the tensor cores (wgmma and mma.sync), MUFU's exponentials (xu), FP32, integer
+    pipes=sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
+    for p in xu fma alu; do pipes+=,sm__inst_executed_pipe_$p.avg.pct_of_peak_sustained_active; done
+    run "ncu-pipes-$kernel-hd$hd-8k" ncu --clock-control none -k "regex:$name" --launch-count 1 --metrics "$pipes" \
+        python3 -m pytest stage12_hopper_attention/bench_attention.py -k "prefill and 8192-$hd-$kernel" \
+        --benchmark-only -p no:cacheprovider -q
   done
 fi
 if want builds; then    # one stage's builds from several revisions (scripts/stage_builds.sh), tested then timed in one run

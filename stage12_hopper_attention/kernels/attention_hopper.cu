@@ -169,7 +169,7 @@ __device__ __forceinline__ void attention_hopper(
                 if (masked && key > pos[e / 2]) sc[nb][e] = NEG_INF;
             }
         }
-        online_softmax_step(sc, m_run, l_run, o, scale);      // the rows' max and sum; O rescaled
+        online_softmax_step(sc, m_run, l_run, o, scale);      // the rows' max and sum; O rescaled if m moves
 
         const int n_valid = min(TILE_N, last_pos + 1 - k0);
         if (n_valid < TILE_N) {                        // V past the last key: zeros, 16 bytes a thread, the rows

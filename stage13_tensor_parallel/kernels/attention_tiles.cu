@@ -200,7 +200,7 @@ __device__ __forceinline__ void attention_tile(
                     s[nb][e] = diagonal && key > pos[e / 2] ? NEG_INF : s[nb][e] * scale;
                 }
             }
-            online_softmax_step(s, m_run, l_run, o);        // the rows' max and sum; O rescaled
+            online_softmax_step(s, m_run, l_run, o);        // the rows' max and sum; O rescaled if m moves
 #pragma unroll
             for (int kk = 0; kk < TILE_N / 16; ++kk) {                  // O += P V, 16 keys a step
                 const unsigned pf[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),

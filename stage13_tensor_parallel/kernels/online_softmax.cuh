@@ -2,8 +2,9 @@
 // holds in an MMA fragment, shared by attention_tiles.cu (mma.sync) and attention_hopper.cu (wgmma): both keep
 // S and O in the same places (lane 4q + t: rows q and q + 8, columns 8 nb + 2t, +1), so the step is the same.
 //
-//   s (NB x 4)   the tile's scores in log2 units, masked (-inf); becomes P = exp2(s - m_new)
-//   m, l (2)     the rows' running max and sum; o (DB x 4) their running output, scaled by exp2(m - m_new)
+//   s (NB x 4)   the tile's scores, masked (-inf), in log2 units once times `scale`; becomes P = exp2((s - m) scale)
+//   m, l (2)     the rows' reference maximum (unscaled, as s) and running sum; o (DB x 4) their running output,
+//                both multiplied by exp2((m_old - m) scale) where m moves
 // The four lanes of a quad hold a row: its max and sum take two shuffles each.
 //
 // m need not be the true maximum: O / l is the same for any reference point that keeps P finite. So the step moves
