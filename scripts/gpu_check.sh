@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/);
-# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv (pytest-benchmark files), ncu12
+# $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv and launch (pytest-benchmark
+# files; launch: tests/bench_launch.py, what a launch costs in a graph), ncu12
 # (Nsight Compute on stage12's prefill kernels), builds (each folder scripts/stage_builds.sh made: its kernel tests
 # BUILD_TESTS, then its BUILD_BENCH file -k BUILD_BENCH_K, one build after another), profile
 # (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
@@ -72,6 +73,10 @@ fi
 if want bench10-gemv; then   # gemv.cu's kinds alone at the 1B's layer shapes: what each fusion adds to the stream
   run bench-gemv-10 python3 -m pytest stage10_fused_kernels/bench_gemv.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-gemv10.json" -q
+fi
+if want launch; then    # chain.cu launched 64 times in a graph: the fixed cost of a kernel boundary, PDL or not
+  run bench-launch python3 -m pytest tests/bench_launch.py --benchmark-only -p no:cacheprovider \
+      --benchmark-json "$logs/${gpu}_${day}_pytest-bench-launch.json" -q
 fi
 if want ncu12; then     # Nsight Compute on one launch of each prefill kernel at 8,192 tokens: pipes, occupancy, stalls
   for spec in "hopper 64" "hopper 128" "mma 64"; do

@@ -93,3 +93,24 @@ def test_linear_rejects_mismatched_shapes():
     blas = Cublas(gpu)
     with pytest.raises(ValueError, match="linear"):
         blas.linear(gpu.empty((2, 8), "bf16"), gpu.empty((4, 16), "bf16"), gpu.empty((2, 4), "bf16"))
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["serial", "pdl"])
+def test_a_chain_of_launches_keeps_its_order(pdl):
+    """common/kernels/chain.cu (tests/bench_launch.py's kernel) 50 times over four blocks an SM: every element gains
+    exactly 50, launched early with programmatic dependent launch too, as each launch waits for the one before."""
+    from pathlib import Path
+
+    from cuda.core import LaunchConfig
+
+    from common.compile import KernelModule
+
+    gpu = get_gpu()
+    kernel = KernelModule(Path(__file__).resolve().parents[1] / "common" / "kernels" / "chain.cu",
+                          gpu.arch).kernel("chain")
+    blocks = 4 * gpu.device.properties.multiprocessor_count
+    x = gpu.to_device(np.zeros(blocks * 128, np.int32))
+    config = LaunchConfig(grid=blocks, block=128, programmatic_stream_serialization=pdl)
+    for _ in range(50):
+        gpu.launch(kernel, config, x.arg)
+    assert (gpu.to_host(x) == 50).all()
