@@ -22,8 +22,9 @@ ATTENTION_THREADS = 128  # attention_rows.cu's and attention_tiles.cu's WARPS * 
 ATTENTION_MAX_GROUP = 32  # attention_rows.cu's WARPS * MAX_HEADS_PER_WARP: query heads per K/V head
 TILE_M = 64              # attention_tiles.cu's TILE_M: (query row, query head) pairs a block
 TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take every row through attention_rows.cu
-HOPPER_TILE_M = {64: 192, 128: 128}   # attention_hopper.cu's TILE_M for each head_dim: (query row, query head)
+HOPPER_TILE_M = {64: 128, 128: 128}   # attention_hopper.cu's TILE_M for each head_dim: (query row, query head)
 #                                       pairs of a prompt tile on sm_90, 64 for each consumer warpgroup
+HOPPER_TILE_N = {64: 128, 128: 64}   # its keys a K/V tile for each head_dim
 HOPPER_STAGES = {64: 2, 128: 3}   # its STAGES for each head_dim: K/V tiles in shared memory at once
 MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over (a lane each in
 #                          split_combine.cuh's merge: at most the warp size)
@@ -47,9 +48,9 @@ def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
 
 
 def hopper_shared_bytes(head_dim: int) -> int:
-    """attention_hopper.cu's dynamic shared memory: STAGES x (K and V) x 64 keys x head_dim bf16, and 1 KiB to align
-    the stages to the swizzle's 1,024-byte atoms."""
-    return HOPPER_STAGES[head_dim] * 2 * 64 * head_dim * 2 + 1024
+    """attention_hopper.cu's dynamic shared memory: STAGES x (K and V) x TILE_N keys x head_dim bf16, and 1 KiB to
+    align the stages to the swizzle's 1,024-byte atoms."""
+    return HOPPER_STAGES[head_dim] * 2 * HOPPER_TILE_N[head_dim] * head_dim * 2 + 1024
 
 
 def decode_split(n_rows: int, max_keys: int, n_kv_heads: int, sms: int, max_row_splits: int) -> tuple[int, int]:
