@@ -22,7 +22,7 @@ ATTENTION_THREADS = 128  # attention_rows.cu's and attention_tiles.cu's WARPS * 
 ATTENTION_MAX_GROUP = 32  # attention_rows.cu's WARPS * MAX_HEADS_PER_WARP: query heads per K/V head
 TILE_M = 64              # attention_tiles.cu's TILE_M: (query row, query head) pairs a block
 TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take every row through attention_rows.cu
-HOPPER_TILE_M = {64: 128, 128: 128}   # attention_hopper.cu's TILE_M for each head_dim: (query row, query head)
+HOPPER_TILE_M = {64: 192, 128: 128}   # attention_hopper.cu's TILE_M for each head_dim: (query row, query head)
 #                                       pairs of a prompt tile on sm_90, 64 for each consumer warpgroup
 HOPPER_TILE_N = {64: 128, 128: 64}   # its keys a K/V tile for each head_dim
 HOPPER_STAGES = {64: 2, 128: 3}   # its STAGES for each head_dim: K/V tiles in shared memory at once
@@ -289,7 +289,7 @@ class Kernels:
                 and block_size & (block_size - 1) == 0 and out.shape == (R, n_heads * head_dim)
                 and stride >= n_heads * head_dim and stride % 2 == 0 and n_heads % n_kv_heads == 0
                 and n_heads // n_kv_heads <= ATTENTION_MAX_GROUP, qkv, out, kv_maps, tiles, block_tables)
-        threads = 2 * HOPPER_TILE_M[head_dim] + 32                      # its consumer warpgroups and producer warp
+        threads = 2 * HOPPER_TILE_M[head_dim] + (128 if head_dim == 64 else 32)   # consumers, then the producer
         config = self._config("attention_hopper", (n, n_kv_heads), threads, hopper_shared_bytes(head_dim))
         self.gpu.launch(self._attention_hopper[head_dim], config, qkv.arg, out.arg, kv_maps.arg, tiles.arg,
                         block_tables.arg, *map(np.int32, (block_tables.shape[1], block_size.bit_length() - 1,

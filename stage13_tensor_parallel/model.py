@@ -108,7 +108,8 @@ class Model:
         #               prev_rows (R, where any), in one copy (a captured decode graph reads its own layout of
         #               it: graphs.py)
         # prompt tiles on Hopper's pipeline where the GPU and the shapes allow (attention_hopper.cu), with its
-        # tiles of 128 M-rows; else attention_tiles.cu's of 64 (0: this head_dim takes every row alone)
+        # tiles of 192 M-rows (head_dim 64) or 128; else attention_tiles.cu's of 64 (0: this head_dim takes every
+        # row alone)
         self.hopper = kernels.hopper_prefill(hd, block_size)
         self.tile_rows = HOPPER_TILE_M[hd] // (nh // nkv) if self.hopper else tile_rows(nh, nkv, hd)
         self.kv_maps: DeviceArray | None = None             # the cache's TMA tensor maps, with the cache, and

@@ -1,7 +1,7 @@
 // attention_hopper.cu: causal GQA attention of prompt tiles on Hopper's own pipeline (sm_90a; head_dim 64 and 128):
 // the online softmax of attention_tiles.cu (the recurrence and its proof are in attention_rows.cu), with both
 // matrix products on warpgroup MMA and the K/V tiles brought by the tensor memory accelerator into a ring of
-// shared-memory stages, which mbarriers pass between one producer warp and two consumer warpgroups.
+// shared-memory stages, which mbarriers pass between a producer and two or three consumer warpgroups.
 //
 //   S = Q K^T / sqrt(hd)   per consumer warpgroup: 64 M-rows x TILE_N keys, hd / 16 wgmma m64n{TILE_N}k16 (Q from
 //                          registers); TILE_N 128 at head_dim 64, 64 at 128
@@ -14,19 +14,24 @@
 // head) pair of K/V head g's group, row-major in the group (M-row m = query row m / G, head g G + m % G: TILE_M / G
 // consecutive query rows of one chunk), as in attention_tiles.cu but taller. Its threads are specialised:
 //
-//   the last warp (the producer): for key tile j = 0, 1, .. it waits until stage j % STAGES is empty, tells the
-//     stage's `full` barrier how many bytes are coming, and issues the TMA copies of tile j's keys and values
-//   warps 0-3, 4-7: the consumer warpgroups, M-rows 0-63 and 64-127: wait until stage
+//   the first warp after them (the producer): for key tile j = 0, 1, .. it waits until stage j % STAGES is
+//     empty, tells the stage's `full` barrier how many bytes are coming, and issues the TMA copies of tile j's keys
+//     and values
+//   warps 0-3, 4-7 (and 8-11): the consumer warpgroups, M-rows 0-63, 64-127 (and 128-191): wait until stage
 //     j % STAGES is full, compute S, the softmax and O += P V, then arrive on the stage's `empty` barrier (one
 //     arrival a warp),
 //
 // so the copies of tile j + 1 are in flight while tile j is multiplied. Nothing but the barriers orders the two
 // sides: no __syncthreads() after the start.
 //
-// Keys a tile: 128 at head_dim 64, so each warpgroup's wait for its products, its maximum's and sum's shuffles and
-// its barrier waits come once per 128 keys, not 64 (S then holds 64 floats a thread: 153 registers, which a third
-// consumer warpgroup could not have: 13 warps put four on a sub-partition's 16,384 registers, 128 each); 64 at
-// head_dim 128, whose O alone is 64 registers.
+// Head_dim 64: three consumer warpgroups (TILE_M 192) and 128-key tiles. A warpgroup's own steps are serial (S,
+// its softmax, P V, each waiting for the one before), so the tensor cores work only while another warpgroup has a
+// product to issue: a third is a third that can. 128 keys a tile halve what comes once a tile (the waits for the
+// products, the maximum's and sum's shuffles, the barriers), but S then holds 64 floats a thread, and 13 warps
+// (three warpgroups and a producer warp) would get 128 registers each (four warps on some sub-partition's 16,384).
+// So the producer is a whole warpgroup that keeps 24 registers a thread (setmaxnreg) and the consumers take 160:
+// 16 warps, 128 x 24 + 384 x 160 = 65,536.
+// Head_dim 128: two consumer warpgroups, 64-key tiles, one producer warp: O alone is 64 registers.
 //
 // The cache is paged: the keys of positions p .. p + BS - 1 (a whole block of seq_slot b, BS = 1 << block_shift)
 // sit in consecutive cache slots block_tables[b][p / BS] * BS ... The tensor map (tma.py) views one layer's K (or
@@ -37,8 +42,8 @@
 // are zeroed by the consumers before P V reads them (P is 0 there, but 0 * NaN is not 0), and S is set to -inf
 // there whatever K held.
 //
-// Launch: grid (n_tiles, nkv), block 288, dynamic shared memory STAGES * 2 * TILE_N * hd * 2 bytes + 1 KiB (the
-// stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). tiles (n_tiles, 4) i32:
+// Launch: grid (n_tiles, nkv), block 512 (head_dim 64) or 288 (128), dynamic shared memory STAGES * 2 * TILE_N * hd
+// * 2 bytes + 1 KiB (the stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). tiles (n_tiles, 4) i32:
 // first row, n_rows (<= TILE_M / G), seq_slot, first position; the tiles' K/V are in the cache (rope_kv_write ran
 // first). qkv (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); kv_maps: this layer's two 128-byte
 // tensor maps, K then V, in global memory; block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows
@@ -52,8 +57,14 @@
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define LOG2E 1.4426950408889634f
 
-template <int HD> constexpr int warpgroups = 2;                  // consumer warpgroups (kernels.py's HOPPER_TILE_M)
+template <int HD> constexpr int warpgroups = HD == 64 ? 3 : 2;   // consumer warpgroups (kernels.py's HOPPER_TILE_M)
 template <int HD> constexpr int consumers = 128 * warpgroups<HD>;  // their threads
+// the producer: a whole warpgroup at head_dim 64, so that setmaxnreg (a warpgroup's instruction) can hand its
+// registers to the consumers; one warp at 128 (kernels.py's hopper_threads)
+template <int HD> constexpr int producers = HD == 64 ? 128 : 32;
+template <int HD> constexpr int threads = consumers<HD> + producers<HD>;
+#define PRODUCER_REGISTERS 24     // head_dim 64: what the producer warpgroup keeps (setmaxnreg's least)
+#define CONSUMER_REGISTERS 160    // and what each consumer thread then gets: 128 x 24 + 384 x 160 = 65,536
 template <int HD> constexpr int tile_n = HD == 64 ? 128 : 64;      // keys of a K/V tile (kernels.py's HOPPER_TILE_N)
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
@@ -90,8 +101,9 @@ __device__ __forceinline__ void attention_hopper(
     }
     __syncthreads();
 
-    if (warp == CONSUMERS / 32) {                      // ---- the producer
-        if (lane != 0) return;
+    if (warp >= CONSUMERS / 32) {                      // ---- the producer
+        if constexpr (producers<HD> == 128) registers_release<PRODUCER_REGISTERS>();
+        if (warp != CONSUMERS / 32 || lane != 0) return;
         const int rows = min(1 << block_shift, BOX_ROWS), in_block = (1 << block_shift) - 1;
         const int* table = block_tables + static_cast<long long>(tile[2]) * table_width;
         const unsigned long long* k_map = kv_maps;
@@ -119,6 +131,7 @@ __device__ __forceinline__ void attention_hopper(
     }
 
     // ---- a consumer: warpgroup c, its warp w (16 M-rows), lane (q, t) as in mma.sync's fragments
+    if constexpr (producers<HD> == 128) registers_claim<CONSUMER_REGISTERS>();
     const int c = warp / 4, w = warp % 4, q = lane / 4, t = lane % 4;
     const float scale = LOG2E * rsqrtf(static_cast<float>(HD));   // scores in log2 units: exp(x) = exp2(x log2 e)
     int row[2], head[2], pos[2];                       // this lane's two M-rows: q and q + 8 of the warp's 16
@@ -225,7 +238,7 @@ __device__ __forceinline__ void attention_hopper(
 }
 
 #define INSTANTIATE(HD)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(consumers<HD> + 32) attention_hopper_hd##HD(                          \
+    extern "C" __global__ void __launch_bounds__(threads<HD>) attention_hopper_hd##HD(                                 \
             const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ out,                                \
             const unsigned long long* kv_maps, const int* __restrict__ tiles,                                      \
             const int* __restrict__ block_tables, int table_width, int block_shift, int n_heads, int n_kv_heads,   \

@@ -232,15 +232,15 @@ def test_pick_head_times_the_step_s_end_both_ways_at_each_fused_size(model, monk
 
 
 def test_prompt_tiles_take_the_hopper_kernel_with_their_layer_s_tensor_maps(model):
-    """On sm_90 a prompt's tiles (128 M-rows: 32 rows of the 1B's 4 query heads a K/V head) go through
+    """On sm_90 a prompt's tiles (192 M-rows: 48 rows of the 1B's 4 query heads a K/V head) go through
     attention_hopper_hd64, each layer with its own two tensor maps, the kernel allowed its shared memory; decode
     rows still take attention_tiles."""
     from ..kernels import hopper_shared_bytes
 
-    assert model.hopper and model.tile_rows == 32
+    assert model.hopper and model.tile_rows == 48
     model.forward(prompt_step(60))
     hopper = [(grid, args) for k, grid, args in model.gpu.launches if k == "attention_hopper_hd64"]
-    assert len(hopper) == 16 and all(grid == (2, 8, 1) for grid, _ in hopper)        # 32 + 28 rows
+    assert len(hopper) == 16 and all(grid == (2, 8, 1) for grid, _ in hopper)        # 48 + 12 rows
     assert [args[2] for _, args in hopper] == [model.kv_maps.ptr + 256 * i for i in range(16)]
     assert model.gpu.shared_memory == {"attention_hopper_hd64": hopper_shared_bytes(64),
                                        "attention_hopper_hd128": hopper_shared_bytes(128)}
