@@ -19,13 +19,13 @@ from pathlib import Path
 from common.course import results
 from common.course.readme import RESULTS, ROOT, pytest_bench
 
-from .kernels import HOPPER_STAGES, HOPPER_TILE_M, TILE_M, hopper_shared_bytes
+from .kernels import HOPPER_STAGES, HOPPER_TILE_M, HOPPER_TILE_N, TILE_M, hopper_shared_bytes
 from .tma import BOX_DIMS, box_rows
 
 STAGE = Path(__file__).parent.name
 PREVIOUS = max(p.name for p in ROOT.glob("stage[0-9][0-9]_*") if p.name < STAGE)
 NN, PREV_NN = STAGE[5:7], PREVIOUS[5:7]
-TILE_N = 64                       # both kernels' keys a tile
+TILE_N = 64                       # attention_tiles.cu's keys a tile
 LENGTHS = (2048, 8192, 32768)
 LOGS = ROOT / "benchmarks" / "logs"
 # (logs folder, [(build, its pytest-benchmark file's suffix after the GPU and date)]): builds timed in one run
@@ -49,11 +49,12 @@ def tile_plan() -> str:
     lines = ["| | head_dim | M-rows a block | keys a tile | shared memory | K/V tiles in flight | copies of a tile's "
              "K and V (block_size 8 / 16 / 32 / 64+) | matrix instructions a tile |", "|" + " --- |" * 8]
     for hd in (64, 128):
-        copies = " / ".join(str(2 * (hd // BOX_DIMS) * (TILE_N // box_rows(bs))) for bs in (8, 16, 32, 64))
-        wgmma = hd // 16 + TILE_N // 16                        # S: hd / 16 k-steps; P V: 64 keys / 16
-        lines.append(f"| `attention_hopper.cu` | {hd} | {HOPPER_TILE_M[hd]} | {TILE_N} | "
+        keys = HOPPER_TILE_N[hd]
+        copies = " / ".join(str(2 * (hd // BOX_DIMS) * (keys // box_rows(bs))) for bs in (8, 16, 32, 64))
+        wgmma = hd // 16 + keys // 16                          # S: hd / 16 k-steps; P V: keys / 16
+        lines.append(f"| `attention_hopper.cu` | {hd} | {HOPPER_TILE_M[hd]} | {keys} | "
                      f"{hopper_shared_bytes(hd) / 1024:.0f} KiB | {HOPPER_STAGES[hd]} | {copies} (TMA) | "
-                     f"{wgmma} wgmma a warpgroup (m64n64k16, m64n{hd}k16) |")
+                     f"{wgmma} wgmma a warpgroup (m64n{keys}k16, m64n{hd}k16) |")
         stages = 2 if hd == 64 else 1                          # attention_tiles.cu's STAGES
         mma = (TILE_N // 8) * (hd // 16) + (TILE_N // 16) * (hd // 8)   # S: 8-key blocks x k-steps; P V
         lines.append(f"| `attention_tiles.cu` | {hd} | {TILE_M} | {TILE_N} | "

@@ -24,6 +24,7 @@ TILE_M = 64              # attention_tiles.cu's TILE_M: (query row, query head) 
 TENSOR_CORE_HEAD_DIMS = (64, 128)   # its instantiations; other head_dims take every row through attention_rows.cu
 HOPPER_TILE_M = {64: 192, 128: 128}   # attention_hopper.cu's TILE_M for each head_dim: (query row, query head)
 #                                       pairs of a prompt tile on sm_90, 64 for each consumer warpgroup
+HOPPER_TILE_N = {64: 128, 128: 64}   # its keys a K/V tile for each head_dim
 HOPPER_STAGES = {64: 2, 128: 3}   # its STAGES for each head_dim: K/V tiles in shared memory at once
 MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over (a lane each in
 #                          split_combine.cuh's merge: at most the warp size)
@@ -47,9 +48,9 @@ def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
 
 
 def hopper_shared_bytes(head_dim: int) -> int:
-    """attention_hopper.cu's dynamic shared memory: STAGES x (K and V) x 64 keys x head_dim bf16, and 1 KiB to align
-    the stages to the swizzle's 1,024-byte atoms."""
-    return HOPPER_STAGES[head_dim] * 2 * 64 * head_dim * 2 + 1024
+    """attention_hopper.cu's dynamic shared memory: STAGES x (K and V) x TILE_N keys x head_dim bf16, and 1 KiB to
+    align the stages to the swizzle's 1,024-byte atoms."""
+    return HOPPER_STAGES[head_dim] * 2 * HOPPER_TILE_N[head_dim] * head_dim * 2 + 1024
 
 
 def decode_split(n_rows: int, max_keys: int, n_kv_heads: int, sms: int, max_row_splits: int) -> tuple[int, int]:
@@ -288,7 +289,7 @@ class Kernels:
                 and block_size & (block_size - 1) == 0 and out.shape == (R, n_heads * head_dim)
                 and stride >= n_heads * head_dim and stride % 2 == 0 and n_heads % n_kv_heads == 0
                 and n_heads // n_kv_heads <= ATTENTION_MAX_GROUP, qkv, out, kv_maps, tiles, block_tables)
-        threads = 2 * HOPPER_TILE_M[head_dim] + 32                      # its consumer warpgroups and producer warp
+        threads = 2 * HOPPER_TILE_M[head_dim] + (128 if head_dim == 64 else 32)   # consumers, then the producer
         config = self._config("attention_hopper", (n, n_kv_heads), threads, hopper_shared_bytes(head_dim))
         self.gpu.launch(self._attention_hopper[head_dim], config, qkv.arg, out.arg, kv_maps.arg, tiles.arg,
                         block_tables.arg, *map(np.int32, (block_tables.shape[1], block_size.bit_length() - 1,

@@ -28,7 +28,7 @@ MIN_BLOCK_SIZE = 8            # positions a block must hold: 8 rows of 128 bytes
 
 
 def box_rows(block_size: int) -> int:
-    """Positions one copy moves: a block's, at most a 64-key tile's."""
+    """Positions one copy moves: a block's, at most 64 (attention_hopper.cu's BOX_ROWS)."""
     return min(block_size, 64)
 
 

@@ -1,20 +1,22 @@
 // attention_hopper.cu: causal GQA attention of prompt tiles on Hopper's own pipeline (sm_90a; head_dim 64 and 128):
 // the online softmax of attention_tiles.cu (the recurrence and its proof are in attention_rows.cu), with both
 // matrix products on warpgroup MMA and the K/V tiles brought by the tensor memory accelerator into a ring of
-// shared-memory stages, which mbarriers pass between one producer warp and two or three consumer warpgroups.
+// shared-memory stages, which mbarriers pass between a producer and two or three consumer warpgroups.
 //
-//   S = Q K^T / sqrt(hd)   per consumer warpgroup: 64 M-rows x 64 keys, hd / 16 wgmma m64n64k16 (Q from registers)
+//   S = Q K^T / sqrt(hd)   per consumer warpgroup: 64 M-rows x TILE_N keys, hd / 16 wgmma m64n{TILE_N}k16 (Q from
+//                          registers); TILE_N 128 at head_dim 64, 64 at 128
 //   mask S[m, j] = -inf where key j > the position of M-row m          (only tiles that reach past a row)
 //   m_new = max(m, rowmax S);  P = exp(S - m_new);  l = exp(m - m_new) l + rowsum P;  O = exp(m - m_new) O + P V
-//   O += P V               4 wgmma m64n{hd}k16, P from registers (S's accumulator, rounded to bf16)
+//   O += P V               TILE_N / 16 wgmma m64n{hd}k16, P from registers (S's accumulator, rounded to bf16)
 //   after the last tile: out = O / l
 //
 // A block owns a tile of TILE_M M-rows, 64 for each of its consumer warpgroups, each M-row a (query row, query
 // head) pair of K/V head g's group, row-major in the group (M-row m = query row m / G, head g G + m % G: TILE_M / G
 // consecutive query rows of one chunk), as in attention_tiles.cu but taller. Its threads are specialised:
 //
-//   the last warp (the producer): for key tile j = 0, 1, .. it waits until stage j % STAGES is empty, tells the
-//     stage's `full` barrier how many bytes are coming, and issues the TMA copies of tile j's keys and values
+//   the first warp after them (the producer): for key tile j = 0, 1, .. it waits until stage j % STAGES is
+//     empty, tells the stage's `full` barrier how many bytes are coming, and issues the TMA copies of tile j's keys
+//     and values
 //   warps 0-3, 4-7 (and 8-11): the consumer warpgroups, M-rows 0-63, 64-127 (and 128-191): wait until stage
 //     j % STAGES is full, compute S, the softmax and O += P V, then arrive on the stage's `empty` barrier (one
 //     arrival a warp),
@@ -22,23 +24,26 @@
 // so the copies of tile j + 1 are in flight while tile j is multiplied. Nothing but the barriers orders the two
 // sides: no __syncthreads() after the start.
 //
-// Three consumer warpgroups at head_dim 64 (TILE_M 192, 416 threads), two at 128 (TILE_M 128, 288 threads): a
-// warpgroup's own steps are serial (S, its softmax, P V, each waiting for the one before), so the tensor cores are
-// busy only while another warpgroup has a product to issue, and a third one is a third that can; every K/V tile
-// loaded also serves 192 M-rows instead of 128. At 128 a thread needs 168 registers (O alone is 64 of them): 416
-// threads of 168 exceed an SM's 65,536.
+// Head_dim 64: three consumer warpgroups (TILE_M 192) and 128-key tiles. A warpgroup's own steps are serial (S,
+// its softmax, P V, each waiting for the one before), so the tensor cores work only while another warpgroup has a
+// product to issue: a third is a third that can. 128 keys a tile halve what comes once a tile (the waits for the
+// products, the maximum's and sum's shuffles, the barriers), but S then holds 64 floats a thread, and 13 warps
+// (three warpgroups and a producer warp) would get 128 registers each (four warps on some sub-partition's 16,384).
+// So the producer is a whole warpgroup that keeps 24 registers a thread (setmaxnreg) and the consumers take 160:
+// 16 warps, 128 x 24 + 384 x 160 = 65,536.
+// Head_dim 128: two consumer warpgroups, 64-key tiles, one producer warp: O alone is 64 registers.
 //
 // The cache is paged: the keys of positions p .. p + BS - 1 (a whole block of seq_slot b, BS = 1 << block_shift)
 // sit in consecutive cache slots block_tables[b][p / BS] * BS ... The tensor map (tma.py) views one layer's K (or
 // V) as a 3-D tensor (head_dim, nkv, slots) with a box of (64, 1, ROWS), ROWS = min(BS, 64): one copy moves ROWS
-// keys of one head, 64 dims of each, so a 64-key tile is 64 / ROWS copies (x hd / 64) from anywhere in the pool.
+// keys of one head, 64 dims of each, so a tile is TILE_N / ROWS copies (x hd / 64) from anywhere in the pool.
 // Each lands at a multiple of 1,024 bytes (ROWS >= 8: the engine takes attention_tiles.cu for smaller blocks), the
 // swizzle's period. Copies past the tile's last key are not made; the rows of V past it, stale or never written,
 // are zeroed by the consumers before P V reads them (P is 0 there, but 0 * NaN is not 0), and S is set to -inf
 // there whatever K held.
 //
-// Launch: grid (n_tiles, nkv), block 416 (head_dim 64) or 288 (128), dynamic shared memory STAGES * 2 * (hd / 64)
-// * 8 KiB + 1 KiB (the stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). tiles (n_tiles, 4) i32:
+// Launch: grid (n_tiles, nkv), block 512 (head_dim 64) or 288 (128), dynamic shared memory STAGES * 2 * TILE_N * hd
+// * 2 bytes + 1 KiB (the stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). tiles (n_tiles, 4) i32:
 // first row, n_rows (<= TILE_M / G), seq_slot, first position; the tiles' K/V are in the cache (rope_kv_write ran
 // first). qkv (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); kv_maps: this layer's two 128-byte
 // tensor maps, K then V, in global memory; block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows
@@ -48,13 +53,19 @@
 #include "online_softmax.cuh"
 #include "pdl.cuh"
 
-#define TILE_N 64                 // keys of a K/V tile
-#define ATOM 8192                 // bytes of 64 rows x 128 bytes: one 64-column chunk of a tile
+#define BOX_ROWS 64               // a TMA copy's keys at most (tma.py's box)
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define LOG2E 1.4426950408889634f
 
 template <int HD> constexpr int warpgroups = HD == 64 ? 3 : 2;   // consumer warpgroups (kernels.py's HOPPER_TILE_M)
 template <int HD> constexpr int consumers = 128 * warpgroups<HD>;  // their threads
+// the producer: a whole warpgroup at head_dim 64, so that setmaxnreg (a warpgroup's instruction) can hand its
+// registers to the consumers; one warp at 128 (kernels.py's hopper_threads)
+template <int HD> constexpr int producers = HD == 64 ? 128 : 32;
+template <int HD> constexpr int threads = consumers<HD> + producers<HD>;
+#define PRODUCER_REGISTERS 24     // head_dim 64: what the producer warpgroup keeps (setmaxnreg's least)
+#define CONSUMER_REGISTERS 160    // and what each consumer thread then gets: 128 x 24 + 384 x 160 = 65,536
+template <int HD> constexpr int tile_n = HD == 64 ? 128 : 64;      // keys of a K/V tile (kernels.py's HOPPER_TILE_N)
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);     // lo in the low half: the lower column
@@ -66,10 +77,11 @@ __device__ __forceinline__ void attention_hopper(
         const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ out, const unsigned long long* kv_maps,
         const int* __restrict__ tiles, const int* __restrict__ block_tables, int table_width, int block_shift,
         int n_heads, int n_kv_heads, int row_stride) {
-    constexpr int CHUNKS = HD / 64, KSTEPS = HD / 16, DBLOCKS = HD / 8, NBLOCKS = TILE_N / 8;
+    constexpr int TILE_N = tile_n<HD>, CHUNKS = HD / 64, KSTEPS = HD / 16, DBLOCKS = HD / 8, NBLOCKS = TILE_N / 8;
     constexpr int STAGES = HD == 64 ? 2 : 3;                    // tiles in flight (kernels.py's HOPPER_STAGES)
     constexpr int CONSUMERS = consumers<HD>;
-    constexpr int STAGE_BYTES = 2 * CHUNKS * ATOM;               // K, then V
+    constexpr int CHUNK_BYTES = TILE_N * 128;                    // a tile's 64-column chunk: TILE_N rows of 128 B
+    constexpr int STAGE_BYTES = 2 * CHUNKS * CHUNK_BYTES;        // K, then V
     extern __shared__ unsigned char smem_raw[];
     __shared__ unsigned long long full[STAGES], empty[STAGES];
     unsigned char* stages = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);   // 1,024-byte aligned
@@ -89,9 +101,10 @@ __device__ __forceinline__ void attention_hopper(
     }
     __syncthreads();
 
-    if (warp == CONSUMERS / 32) {                      // ---- the producer
-        if (lane != 0) return;
-        const int rows = min(1 << block_shift, TILE_N), in_block = (1 << block_shift) - 1;
+    if (warp >= CONSUMERS / 32) {                      // ---- the producer
+        if constexpr (producers<HD> == 128) registers_release<PRODUCER_REGISTERS>();
+        if (warp != CONSUMERS / 32 || lane != 0) return;
+        const int rows = min(1 << block_shift, BOX_ROWS), in_block = (1 << block_shift) - 1;
         const int* table = block_tables + static_cast<long long>(tile[2]) * table_width;
         const unsigned long long* k_map = kv_maps;
         const unsigned long long* v_map = kv_maps + 16;
@@ -108,8 +121,9 @@ __device__ __forceinline__ void attention_hopper(
                 const int slot = (table[p >> block_shift] << block_shift) | (p & in_block);
 #pragma unroll
                 for (int h = 0; h < CHUNKS; ++h) {
-                    tma_load_3d(k_tile + h * ATOM + c * rows * 128, k_map, 64 * h, g, slot, &full[s]);
-                    tma_load_3d(k_tile + (CHUNKS + h) * ATOM + c * rows * 128, v_map, 64 * h, g, slot, &full[s]);
+                    tma_load_3d(k_tile + h * CHUNK_BYTES + c * rows * 128, k_map, 64 * h, g, slot, &full[s]);
+                    tma_load_3d(k_tile + (CHUNKS + h) * CHUNK_BYTES + c * rows * 128, v_map, 64 * h, g, slot,
+                                &full[s]);
                 }
             }
         }
@@ -117,6 +131,7 @@ __device__ __forceinline__ void attention_hopper(
     }
 
     // ---- a consumer: warpgroup c, its warp w (16 M-rows), lane (q, t) as in mma.sync's fragments
+    if constexpr (producers<HD> == 128) registers_claim<CONSUMER_REGISTERS>();
     const int c = warp / 4, w = warp % 4, q = lane / 4, t = lane % 4;
     const float scale = LOG2E * rsqrtf(static_cast<float>(HD));   // scores in log2 units: exp(x) = exp2(x log2 e)
     int row[2], head[2], pos[2];                       // this lane's two M-rows: q and q + 8 of the warp's 16
@@ -146,15 +161,19 @@ __device__ __forceinline__ void attention_hopper(
     for (int j = 0; j < n_tiles; ++j) {
         const int s = j % STAGES, k0 = j * TILE_N;
         unsigned char* k_tile = stages + s * STAGE_BYTES;
-        unsigned char* v_tile = k_tile + CHUNKS * ATOM;
+        unsigned char* v_tile = k_tile + CHUNKS * CHUNK_BYTES;
         mbar_wait(&full[s], (j / STAGES) & 1);
 
         float sc[NBLOCKS][4];                          // S for keys k0 + 8 nb + 2t (+1), rows q, q + 8
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {          // 16 dims a step: chunk ks / 4, 32 bytes into its rows
-            const unsigned long long b = smem_desc(k_tile + (ks / 4) * ATOM + (ks % 4) * 32, 16, 1024);
-            wgmma_m64n64k16<0>(sc, qf[ks], b, ks > 0);
+            const unsigned long long b = smem_desc(k_tile + (ks / 4) * CHUNK_BYTES + (ks % 4) * 32, 16, 1024);
+            if constexpr (TILE_N == 64) {
+                wgmma_m64n64k16<0>(sc, qf[ks], b, ks > 0);
+            } else {
+                wgmma_m64n128k16<0>(sc, qf[ks], b, ks > 0);
+            }
         }
         wgmma_commit();
         wgmma_wait_all();
@@ -175,7 +194,7 @@ __device__ __forceinline__ void attention_hopper(
         if (n_valid < TILE_N) {                        // V past the last key: zeros, 16 bytes a thread, the rows
             for (int x = threadIdx.x; x < (TILE_N - n_valid) * CHUNKS * 8; x += CONSUMERS) {   // shared by all
                 const int r = n_valid + x / (CHUNKS * 8), chunk = x % (CHUNKS * 8);               // warpgroups
-                uint4* at = reinterpret_cast<uint4*>(v_tile + (chunk / 8) * ATOM + r * 128 + (chunk % 8) * 16);
+                uint4* at = reinterpret_cast<uint4*>(v_tile + (chunk / 8) * CHUNK_BYTES + r * 128 + (chunk % 8) * 16);
                 *at = make_uint4(0, 0, 0, 0);
             }
             fence_async_shared();                      // visible to wgmma (the async proxy), once every consumer
@@ -192,7 +211,7 @@ __device__ __forceinline__ void attention_hopper(
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < TILE_N / 16; ++kk) {     // O += P V, 16 keys a step: V rows 16 kk .. 16 kk + 15
-            const unsigned long long b = smem_desc(v_tile + kk * 16 * 128, ATOM, 1024);
+            const unsigned long long b = smem_desc(v_tile + kk * 16 * 128, CHUNK_BYTES, 1024);
             if constexpr (HD == 64) {
                 wgmma_m64n64k16<1>(o, pf[kk], b, 1);
             } else {
@@ -219,7 +238,7 @@ __device__ __forceinline__ void attention_hopper(
 }
 
 #define INSTANTIATE(HD)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(consumers<HD> + 32) attention_hopper_hd##HD(                          \
+    extern "C" __global__ void __launch_bounds__(threads<HD>) attention_hopper_hd##HD(                                 \
             const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ out,                                \
             const unsigned long long* kv_maps, const int* __restrict__ tiles,                                      \
             const int* __restrict__ block_tables, int table_width, int block_shift, int n_heads, int n_kv_heads,   \

@@ -117,3 +117,12 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], const unsign
                    WGMMA_D8(d, 8), WGMMA_D8(d, 10), WGMMA_D8(d, 12), WGMMA_D8(d, 14)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANSPOSE_B), "r"(scale_d));
 }
+
+// ---- register reallocation: every warp of a warpgroup executes it, with the same N (a multiple of 8, 24-256)
+// lower this warpgroup's registers a thread to N, giving the rest to the block's pool
+template <int N>
+__device__ __forceinline__ void registers_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
+
+// raise them to N from that pool, waiting until a release has put enough there
+template <int N>
+__device__ __forceinline__ void registers_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
