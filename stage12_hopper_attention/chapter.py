@@ -42,7 +42,10 @@ BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
             ("three warpgroups and ex2.approx.ftz", "b_wip_hopper_three_warpgroups_ex2_ftz"),
             ("ex2.approx.ftz, the scale in the FMA", "b_wip_softmax_ex2_ftz")]),
           ("2026-12-05-H100-lazy-rescale", [("main then", "b_main"),
-                                            ("O rescaled only past 2^8 (main now)", "b_wip_softmax_lazy_rescale")])]
+                                            ("O rescaled only past 2^8", "b_wip_softmax_lazy_rescale")]),
+          ("2026-12-05-H100-setmaxnreg-launch-ncu-long/builds",
+           [("main then", "b_main"), ("128-key tiles, two warpgroups (hd 64)", "b_wip_hopper_128_key_tiles"),
+            ("128-key tiles, three warpgroups, setmaxnreg (main now)", "b_wip_hopper_setmaxnreg")])]
 
 
 def tile_plan() -> str:

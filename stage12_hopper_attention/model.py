@@ -13,7 +13,7 @@ in it: what batching buys.
                                                                        one kernel (rope_kv_write.cu)
         a = causal_gqa_attention(q, K, V through the row's block table, keys 0..position)  (R, nh hd)  online
                  softmax, no score matrix, on tensor cores: prompt chunks a tile of rows a block (on an H100
-                 or H200, Hopper's pipeline: wgmma, TMA, a producer warp), decode rows a block each with their
+                 or H200, Hopper's pipeline: wgmma, TMA, a producer), decode rows a block each with their
                  keys split over blocks (flash-decoding), the last to finish merging them; K/V read block by block
         d = a @ Wo^T;            x += d;  h = rms_norm(x) * w_post       (one fused kernel)
         g, u = h @ Wgate_up^T   (R, 2 I)                                 one GEMM: gate/up adjacent
