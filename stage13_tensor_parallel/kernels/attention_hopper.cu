@@ -158,7 +158,11 @@ __device__ __forceinline__ void attention_hopper(
 #pragma unroll
     for (int db = 0; db < DBLOCKS; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
 
-    for (int j = 0; j < n_tiles; ++j) {
+    // Tiles whose keys all come at or before the block's first position need no mask for any of its rows: every
+    // tile left of the diagonal. The step is written once and run by two loops, the first with `diagonal` false:
+    // inlined, that loop holds no compare or select of the mask (as a lane's `if`, the compiler makes the mask
+    // selects on every score of every tile), nor the zeroing of V's stale rows, which only the last tile needs.
+    auto step = [&](int j, bool diagonal) {
         const int s = j % STAGES, k0 = j * TILE_N;
         unsigned char* k_tile = stages + s * STAGE_BYTES;
         unsigned char* v_tile = k_tile + CHUNKS * CHUNK_BYTES;
@@ -179,19 +183,20 @@ __device__ __forceinline__ void attention_hopper(
         wgmma_wait_all();
         wgmma_settle(sc);
 
-        const bool masked = k0 + TILE_N - 1 > min(pos[0], pos[1]);   // a key here past one of this lane's rows
+        if (diagonal) {
 #pragma unroll
-        for (int nb = 0; nb < NBLOCKS; ++nb) {
+            for (int nb = 0; nb < NBLOCKS; ++nb) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = k0 + 8 * nb + 2 * t + (e % 2);
-                if (masked && key > pos[e / 2]) sc[nb][e] = NEG_INF;
+                for (int e = 0; e < 4; ++e) {
+                    const int key = k0 + 8 * nb + 2 * t + (e % 2);
+                    if (key > pos[e / 2]) sc[nb][e] = NEG_INF;
+                }
             }
         }
         online_softmax_step(sc, m_run, l_run, o, scale);      // the rows' max and sum; O rescaled if m moves
 
         const int n_valid = min(TILE_N, last_pos + 1 - k0);
-        if (n_valid < TILE_N) {                        // V past the last key: zeros, 16 bytes a thread, the rows
+        if (diagonal && n_valid < TILE_N) {            // V past the last key: zeros, 16 bytes a thread, the rows
             for (int x = threadIdx.x; x < (TILE_N - n_valid) * CHUNKS * 8; x += CONSUMERS) {   // shared by all
                 const int r = n_valid + x / (CHUNKS * 8), chunk = x % (CHUNKS * 8);               // warpgroups
                 uint4* at = reinterpret_cast<uint4*>(v_tile + (chunk / 8) * CHUNK_BYTES + r * 128 + (chunk % 8) * 16);
@@ -222,7 +227,10 @@ __device__ __forceinline__ void attention_hopper(
         wgmma_wait_all();
         wgmma_settle(o);
         if (lane == 0) mbar_arrive(&empty[s]);         // this warp is done with stage s
-    }
+    };
+    const int n_unmasked = min(n_tiles, (first_pos + 1) / TILE_N);
+    for (int j = 0; j < n_unmasked; ++j) step(j, false);
+    for (int j = n_unmasked; j < n_tiles; ++j) step(j, true);
 
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
