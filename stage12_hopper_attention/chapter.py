@@ -45,7 +45,9 @@ BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
                                             ("O rescaled only past 2^8", "b_wip_softmax_lazy_rescale")]),
           ("2026-12-05-H100-setmaxnreg-launch-ncu-long/builds",
            [("main then", "b_main"), ("128-key tiles, two warpgroups (hd 64)", "b_wip_hopper_128_key_tiles"),
-            ("128-key tiles, three warpgroups, setmaxnreg (main now)", "b_wip_hopper_setmaxnreg")])]
+            ("128-key tiles, three warpgroups, setmaxnreg", "b_wip_hopper_setmaxnreg")]),
+          ("2026-12-05-H100-unmasked-tiles/builds",
+           [("main then", "b_main"), ("no mask left of the diagonal (main now)", "b_wip_hopper_unmasked_tiles")])]
 
 
 def tile_plan() -> str:
