@@ -325,12 +325,15 @@ def test_decode_rows_split_on_the_row_kernel(kernels, rng, hd):
 @pytest.mark.parametrize("hopper", [True, False], ids=["hopper", "mma"])
 @pytest.mark.parametrize("block_size", [8, 16, 64, 256])
 # head_dim 64 and 128; GQA 1, 3 (128 / 3 rows a tile: two M-rows spare), 4 (the 1B's) and 32; lengths around the
-# 64-key tiles and the 128-M-row tiles; whole prompts, and later chunks over a cached prefix (new < length)
+# key tiles (64 and 128 keys) and the M-row tiles; whole prompts, and later chunks over a cached prefix (new <
+# length), among them chunks whose first position ends a key tile (63, 127, 255: the last tile run without a mask)
 @pytest.mark.parametrize("lengths, new, nh, nkv, hd", [([1, 63, 64, 65], [1, 63, 64, 65], 4, 4, 64),
                                                        ([200, 129], [200, 129], 6, 2, 128),
                                                        ([1000, 300], [1000, 31], 32, 8, 64),
                                                        ([700, 65], [70, 64], 12, 4, 128),
-                                                       ([257, 40], [257, 40], 32, 1, 64)])
+                                                       ([257, 40], [257, 40], 32, 1, 64),
+                                                       ([384, 300], [257, 45], 8, 2, 64),
+                                                       ([192, 128], [129, 65], 8, 2, 128)])
 def test_prompt_tiles_on_both_kernels(kernels, rng, hopper, block_size, lengths, new, nh, nkv, hd):
     """Prompt tiles through attention_hopper (wgmma, TMA: sm_90 only) and through attention_tiles (mma.sync),
     against the reference: several sequences in one launch, keys through shuffled blocks, NaN in every slot not
