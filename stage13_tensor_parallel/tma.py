@@ -9,9 +9,10 @@ One layer's K (and V) is (num_blocks, block_size, nkv, head_dim) bf16, i.e. the 
 
     (head_dim, nkv, slots):  a head's dims contiguous, heads head_dim * 2 bytes apart, slots nkv head_dim 2 apart
 
-and the box is (64, 1, ROWS): 64 dims of one K/V head at ROWS consecutive slots, ROWS = min(block_size, 64), the
-most positions a cache block gives a 64-key tile. Each row is 128 bytes, swizzled 128B (chunk c of row r stored at
-c ^ (r % 8)): the layout wgmma reads without bank conflicts. head_dim 128 is two boxes, dims 0-63 and 64-127.
+and the box is (64, 1, ROWS): 64 dims of one K/V head at ROWS consecutive slots, ROWS = min(block_size, 64): one
+block's positions, at most 64 (a 128-key tile takes two copies or more). Each row is 128 bytes, swizzled 128B (chunk
+c of row r stored at c ^ (r % 8)): the layout wgmma reads without bank conflicts. head_dim 128 is two boxes, dims
+0-63 and 64-127.
 Blocks of fewer than 8 positions would land copies inside a 1,024-byte swizzle atom: refused here (the engine
 takes attention_tiles.cu for them).
 

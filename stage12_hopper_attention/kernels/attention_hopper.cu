@@ -30,7 +30,7 @@
 // products, the maximum's and sum's shuffles, the barriers), but S then holds 64 floats a thread, and 13 warps
 // (three warpgroups and a producer warp) would get 128 registers each (four warps on some sub-partition's 16,384).
 // So the producer is a whole warpgroup that keeps 24 registers a thread (setmaxnreg) and the consumers take 160:
-// 16 warps, 128 x 24 + 384 x 160 = 65,536.
+// 16 warps, 128 x 24 + 384 x 160 = 64,512 of the SM's 65,536 (setmaxnreg counts in eights: 168 would not fit).
 // Head_dim 128: two consumer warpgroups, 64-key tiles, one producer warp: O alone is 64 registers.
 //
 // The cache is paged: the keys of positions p .. p + BS - 1 (a whole block of seq_slot b, BS = 1 << block_shift)
@@ -60,11 +60,11 @@
 template <int HD> constexpr int warpgroups = HD == 64 ? 3 : 2;   // consumer warpgroups (kernels.py's HOPPER_TILE_M)
 template <int HD> constexpr int consumers = 128 * warpgroups<HD>;  // their threads
 // the producer: a whole warpgroup at head_dim 64, so that setmaxnreg (a warpgroup's instruction) can hand its
-// registers to the consumers; one warp at 128 (kernels.py's hopper_threads)
+// registers to the consumers; one warp at 128 (kernels.py's launch: 2 TILE_M + 128 or 32 threads)
 template <int HD> constexpr int producers = HD == 64 ? 128 : 32;
 template <int HD> constexpr int threads = consumers<HD> + producers<HD>;
 #define PRODUCER_REGISTERS 24     // head_dim 64: what the producer warpgroup keeps (setmaxnreg's least)
-#define CONSUMER_REGISTERS 160    // and what each consumer thread then gets: 128 x 24 + 384 x 160 = 65,536
+#define CONSUMER_REGISTERS 160    // and what each consumer thread then gets: 128 x 24 + 384 x 160 <= 65,536
 template <int HD> constexpr int tile_n = HD == 64 ? 128 : 64;      // keys of a K/V tile (kernels.py's HOPPER_TILE_N)
 
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
