@@ -156,8 +156,19 @@ def test_a_stage_split_over_gpus_is_nn_tpk():
     spec = engine_spec("13-tp2")
     assert spec.module == "stage13_tensor_parallel" and spec.kwargs == {"tensor_parallel_size": 2}
     assert engine_name("13-tp4") == "stage13_tensor_parallel-tp4" and engine_name("13") == "stage13_tensor_parallel"
-    with pytest.raises(UnknownEngine, match="NN-tpK"):
+    with pytest.raises(UnknownEngine, match="-tpK"):
         engine_spec("13-tpx")
+
+
+def test_a_stage_s_tag_may_name_its_token_budget():
+    from common.bench.harness import UnknownEngine, engine_name, engine_spec
+
+    assert engine_spec("12-tok8192").kwargs == {"max_num_batched_tokens": 8192}
+    assert engine_spec("13-tp2-tok4096").kwargs == {"tensor_parallel_size": 2, "max_num_batched_tokens": 4096}
+    assert engine_name("12-tok8192") == "stage12_hopper_attention-tok8192"
+    for bad in ("12-tok", "12-x8", "12-tok8k"):
+        with pytest.raises(UnknownEngine, match="-tokT"):
+            engine_spec(bad)
 
 
 def test_baselines_load_like_stages():

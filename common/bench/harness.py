@@ -3,6 +3,7 @@
     python -m common.bench --stages 03,04 --workload batch [--model PRESET|DIR] [--repeats 3] [--processes 1]
     python -m common.bench --ladder --workload ragged       # every stage that runs it, and the baselines
     python -m common.bench --stages 13,13-tp2 --workload latency    # NN-tpK: stage NN split over K GPUs
+    python -m common.bench --stages 12,12-tok8192 --workload long  # NN-tokT: a token budget of T a step
 
 A ladder run (--ladder) is the README's table and chart: the workload's engines (workloads.LADDERS: the stages
 from its first on, and its baselines; it says which it leaves out and why) in one run on one machine, since the
@@ -235,14 +236,30 @@ def environment() -> dict:
 
 
 # ---------------------------------------------------------------------------- the driver
+# a stage's tag may name constructor arguments after its number: NN-tpK, NN-tokT, NN-tpK-tokT
+VARIANTS = {"tp": "tensor_parallel_size", "tok": "max_num_batched_tokens"}
+
+
+def _variant(tag: str) -> tuple[str, dict]:
+    """"13-tp2-tok8192" -> ("13", {"tensor_parallel_size": 2, "max_num_batched_tokens": 8192})."""
+    stage, *parts = tag.split("-")
+    kwargs = {}
+    for part in parts:
+        key = next((k for k in VARIANTS if part.startswith(k)), None)
+        if key is None or not part[len(key):].isdigit():
+            raise UnknownEngine(f"{tag!r}: a stage's tag is NN, then any of -tpK (split over K GPUs) and -tokT "
+                                "(a token budget of T a step)")
+        kwargs[VARIANTS[key]] = int(part[len(key):])
+    return stage, kwargs
+
+
 def engine_spec(tag: str) -> EngineSpec:
-    """A baseline's spec, or a stage's: "NN", or "NN-tpK" for stage NN with tensor_parallel_size=K."""
+    """A baseline's spec, or a stage's: "NN", "NN-tpK" for stage NN with tensor_parallel_size=K, "NN-tokT" with
+    max_num_batched_tokens=T."""
     if tag in BASELINES:
         return BASELINES[tag]
-    stage, split, size = tag.partition("-tp")
-    if split and not size.isdigit():
-        raise UnknownEngine(f"{tag!r}: a stage split over GPUs is NN-tpK, K a number of GPUs")
-    return EngineSpec(stage_module(stage), {"tensor_parallel_size": int(size)} if split else {})
+    stage, kwargs = _variant(tag)
+    return EngineSpec(stage_module(stage), kwargs)
 
 
 class UnknownEngine(ValueError):
@@ -270,12 +287,11 @@ def ladder_stages(workload: str) -> str:
 
 
 def engine_name(tag: str) -> str:
-    """The name results are keyed by: the stage's folder (with -tpK where split over K GPUs), or the baseline's
-    tag."""
+    """The name results are keyed by: the stage's folder, with its tag's -tpK and -tokT, or the baseline's tag."""
     if tag in BASELINES:
         return tag
-    stage, split, size = tag.partition("-tp")
-    return engine_spec(tag).module + (f"-tp{size}" if split else "")
+    stage, _, variant = tag.partition("-")
+    return engine_spec(tag).module + (f"-{variant}" if variant else "")
 
 
 def skip_reason(tag: str, workload: str | None = None) -> str | None:
