@@ -10,9 +10,11 @@ Each layer GEMM at M = 1, 2, 4 and 8 rows, through the kinds the engine may laun
   gate_up  (16,384 x 2,048)   gemv, gemv_norm, gemv_norm_silu (+ SwiGLU)
   down     (2,048 x 8,192)    gemv, gemv_residual
 
-A figure is one launch's GPU time: a pass over 16 layers' weights of that shape (201 MB for qkv, more than the
+A figure is one pass's GPU time: a pass over 16 layers' weights of that shape (201 MB for qkv, more than the
 L2: they stream from HBM, as in a step), launched back to back with programmatic dependent launch as the model
 does, 20 passes queued while a spin kernel holds the GPU (common.bench.measure's gpu_and_host_ms), divided by 16.
+test_gemv_one_launch streams the same 16 layers as one matrix in one launch: the plain kind's figure less this one
+is what a kernel boundary costs that GEMM.
 Each kind runs at the warps a column the engine would keep: the fastest of those it times (every count's time is
 in extra_info: the paired kinds take at most 4, the others 8). The floor is the weights' bytes at the measured
 copy bandwidth. At one shape, kind minus kind is about what a fusion costs: gemv_norm - gemv the norm,
@@ -47,19 +49,29 @@ def bandwidth_gbps(kernels):
     return kernels.gpu.copy_bandwidth_gbps()
 
 
+def host_layers(name: str) -> list[np.ndarray]:
+    """LAYERS distinct (N, K) bf16 weights of that shape (random, the same every call; each layer's bits differ)."""
+    one = f32_to_bf16(np.random.default_rng(0).normal(0, 0.02, SHAPES[name]).astype(np.float32))
+    return [one ^ np.uint16(layer) for layer in range(LAYERS)]
+
+
 @pytest.fixture(scope="module")
 def weights(kernels):
-    """name -> LAYERS distinct (N, K) weights of that shape, as one device array each (random bf16)."""
-    gpu, rng, out = kernels.gpu, np.random.default_rng(0), {}
-    for name, (N, K) in SHAPES.items():
-        one = f32_to_bf16(rng.normal(0, 0.02, (N, K)).astype(np.float32))
-        out[name] = [gpu.to_device(one ^ np.uint16(layer), "bf16") for layer in range(LAYERS)]   # distinct bits
-    return out
+    """name -> its LAYERS weights, one device array each."""
+    return {name: [kernels.gpu.to_device(w, "bf16") for w in host_layers(name)] for name in SHAPES}
+
+
+@pytest.fixture(scope="module")
+def stacked(kernels):
+    """name -> its LAYERS weights as one (LAYERS N, K) device array: every layer streamed by one launch."""
+    return {name: kernels.gpu.to_device(np.concatenate(host_layers(name)), "bf16") for name in SHAPES}
 
 
 def launcher(kernels, rng, name: str, kind: str, M: int, layers: list):
-    """A function that launches `kind` over every layer's weights of `name` at M rows and given warps a column."""
-    gpu, (N, K) = kernels.gpu, SHAPES[name]
+    """A function that launches `kind` over every layer's weights of `name` at M rows and given warps a column
+    (layers: one array a layer, or one array of them all, launched once)."""
+    gpu, K = kernels.gpu, SHAPES[name][1]
+    N = layers[0].shape[0]
     x = gpu.to_device(f32_to_bf16(rng.normal(0, 1, (M, K)).astype(np.float32)), "bf16")
     g = gpu.to_device(f32_to_bf16(rng.normal(1, 0.1, K).astype(np.float32)), "bf16")
     y = gpu.empty((M, N // 2 if kind == "gemv_norm_silu" else N), "bf16")
@@ -95,11 +107,10 @@ def pass_ms(gpu, launch, column_warps: int) -> float:
     return gpu_and_host_ms(gpu, lambda: [launch(column_warps) for _ in range(PASSES)], repeats=1)["gpu_ms"] / PASSES
 
 
-@pytest.mark.parametrize("M", [1, 2, 4, 8])
-@pytest.mark.parametrize("name,kind", CASES, ids=[f"{n}-{k}" for n, k in CASES])
-def test_gemv(benchmark, kernels, bandwidth_gbps, weights, name, kind, M):
+def time_layers(benchmark, kernels, bandwidth_gbps, name: str, kind: str, M: int, layers: list) -> None:
+    """Time `kind` over `layers` (see launcher) at its fastest warps a column; extra_info in us a layer."""
     gpu = kernels.gpu
-    launch = launcher(kernels, np.random.default_rng(M), name, kind, M, weights[name])
+    launch = launcher(kernels, np.random.default_rng(M), name, kind, M, layers)
     launch(1)                                                      # compiled and loaded outside the timing
     each = {w: pass_ms(gpu, launch, w) for w in column_warps_timed(name, kind)}
     column_warps = min(each, key=each.get)
@@ -109,7 +120,22 @@ def test_gemv(benchmark, kernels, bandwidth_gbps, weights, name, kind, M):
     N, K = SHAPES[name]
     floor_us = 2 * N * K / (bandwidth_gbps * 1e9) * 1e6
     benchmark.extra_info.update(
-        gemm=name, kind=kind, rows=M, column_warps=column_warps, us_per_layer=round(us, 2),
+        gemm=name, kind=kind, launches=len(layers), rows=M, column_warps=column_warps, us_per_layer=round(us, 2),
         us_min=round(1e3 * min(per_round) / LAYERS, 2), us_max=round(1e3 * max(per_round) / LAYERS, 2),
         floor_us=round(floor_us, 2), times_floor=round(us / floor_us, 3),
         us_by_column_warps={w: round(1e3 * ms / LAYERS, 2) for w, ms in each.items()})
+
+
+@pytest.mark.parametrize("M", [1, 2, 4, 8])
+@pytest.mark.parametrize("name,kind", CASES, ids=[f"{n}-{k}" for n, k in CASES])
+def test_gemv(benchmark, kernels, bandwidth_gbps, weights, name, kind, M):
+    time_layers(benchmark, kernels, bandwidth_gbps, name, kind, M, weights[name])
+
+
+@pytest.mark.parametrize("M", [1, 8])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_gemv_one_launch(benchmark, kernels, bandwidth_gbps, stacked, name, M):
+    """The plain kind over all 16 layers' weights of a shape in one launch: test_gemv's bytes with one ramp and one
+    drain instead of 16, so the difference is what its 15 kernel boundaries cost, what a persistent kernel
+    streaming every layer would save at this GEMM (besides the kernels between the GEMMs)."""
+    time_layers(benchmark, kernels, bandwidth_gbps, name, "gemv", M, [stacked[name]])

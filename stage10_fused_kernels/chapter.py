@@ -182,7 +182,8 @@ def gemv_kinds() -> str:
     cells: dict[tuple[str, str], dict[int, dict]] = {}
     for b in run["benchmarks"]:
         e = b["extra_info"]
-        cells.setdefault((e["gemm"], e["kind"]), {})[e["rows"]] = e
+        kind = f"`{e['kind']}`" + (", 16 layers in one launch" if e.get("launches") == 1 else "")
+        cells.setdefault((e["gemm"], kind), {})[e["rows"]] = e
     sizes = sorted({m for row in cells.values() for m in row})
     gpu = name.split("_")[0].replace("-", " ")
     lines = [f"us a layer (times its floor) on {gpu} by `bench_gemv.py`, "
@@ -190,7 +191,7 @@ def gemv_kinds() -> str:
              "| GEMM | kind | floor | " + " | ".join(f"M = {m}" for m in sizes) + " |", "|" + " --- |" * (len(sizes) + 3)]
     for (gemm, kind), row in cells.items():
         floor = next(iter(row.values()))["floor_us"]
-        lines.append(f"| {gemm} | `{kind}` | {floor:.1f} | " + " | ".join(
+        lines.append(f"| {gemm} | {kind} | {floor:.1f} | " + " | ".join(
             f"{row[m]['us_per_layer']:.1f} ({row[m]['times_floor']:.1f}x)" if m in row else "-" for m in sizes) + " |")
     return "\n".join(lines)
 
