@@ -3,7 +3,7 @@
 # $2 picks parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv and launch (pytest-benchmark
 # files; launch: tests/bench_launch.py, what a launch costs in a graph), ncu12
 # (Nsight Compute on stage12's prefill kernels), builds (each folder scripts/stage_builds.sh made: its kernel tests
-# BUILD_TESTS, then its BUILD_BENCH files -k BUILD_BENCH_K, one build after another), profile
+# BUILD_TESTS, then its BUILD_BENCH files -k BUILD_BENCH_K, one build after another; either `none`: skipped), profile
 # (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
 # B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
 # ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat),
@@ -97,8 +97,10 @@ fi
 if want builds; then    # one stage's builds from several revisions (scripts/stage_builds.sh), tested then timed in one run
   for d in builds/*/; do
     b=$(basename "$d")
-    run "gpu-tests-$b" python3 -m pytest -m gpu -p no:cacheprovider -q -rs "$d/tests/test_kernels_gpu.py" \
-        -k "${BUILD_TESTS:-prompt_tiles or chunked or packed or boundaries or prefill or huge}"
+    tests=${BUILD_TESTS:-prompt_tiles or chunked or packed or boundaries or prefill or huge}
+    [ "$tests" = none ] || run "gpu-tests-$b" python3 -m pytest -m gpu -p no:cacheprovider -q -rs \
+        "$d/tests/test_kernels_gpu.py" -k "$tests"
+    [ "${BUILD_BENCH:-}" = none ] && continue
     benches=(); for f in ${BUILD_BENCH:-bench_attention.py}; do benches+=("$d/$f"); done
     run "bench-$b" python3 -m pytest "${benches[@]}" -k "${BUILD_BENCH_K:-prefill}" \
         --benchmark-only -p no:cacheprovider -q --benchmark-json "$logs/${gpu}_${day}_pytest-bench-$b.json"
