@@ -21,7 +21,7 @@ part=${2:-all}
 want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 TINY_VLLM_CACHE=${TINY_VLLM_CACHE:-/tmp/tiny-vllm-cache}
-export NCCL_NVLS_ENABLE=0    # NVLink multicast off: the shared machines require it
+export NCCL_NVLS_ENABLE=0    # NVLink multicast off, as stage13's communicator.py sets it (it says why)
 if [ -d .whl ]; then  # a machine without nvmath-python installed: install the wheels in .whl/
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD

@@ -14,7 +14,8 @@ from common.synthetic import PRESETS
 from .tensor_parallel import plan
 
 SHAPES = ("llama-3.2-1b", "llama-3.1-8b")
-COPY_GB_PER_S = 4193          # the H200's copy bandwidth measured with stage10's first profile (its chapter, 14:31)
+COPY_GB_PER_S = 4193          # the H200's copy bandwidth, as COPY_SOURCE measured it
+COPY_SOURCE = "benchmarks/logs/2026-12-04-H200-stage08-profiles-before-kernel-fixes/"
 ALL_REDUCE_US = 6.0           # one small all-reduce over NVLink: assumed (NCCL's latency-bound regime), not measured
 
 
@@ -42,7 +43,9 @@ def layer_split() -> str:
 
 
 def when_it_pays() -> str:
-    lines = ["| model | TP | weights a rank reads / copy bandwidth | all-reduces a step x assumed latency | step floor | "
+    lines = [f"Floors at {COPY_GB_PER_S:,} GB/s (the H200's copy bandwidth, `{COPY_SOURCE}`), all-reduces at an "
+             f"assumed {ALL_REDUCE_US:g} us each, the logits' all-gather not counted:", "",
+             "| model | TP | weights a rank reads / copy bandwidth | all-reduces a step x assumed latency | step floor | "
              "against TP = 1 |", "|" + " --- |" * 6]
     for name in SHAPES:
         base = None

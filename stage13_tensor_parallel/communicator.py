@@ -19,8 +19,8 @@ from common.device import DeviceArray, Gpu
 
 NCCL_DTYPES = {"bf16": 9, "f32": 7, "i32": 2}      # ncclBfloat16, ncclFloat32, ncclInt32
 NCCL_SUM = 0
-# NVLink multicast (NVLS) can put a host's GPUs out of service when a program misuses it, and the all-reduces of
-# a decode step are too small to gain from it: off, in this process and the ranks it starts
+# the all-reduces of a decode step are too small to gain from NVLink multicast (NVLS): off, in this process and
+# the ranks it starts, unless the environment says otherwise
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 
