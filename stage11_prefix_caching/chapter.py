@@ -245,8 +245,10 @@ def measured() -> str:
         for label, key, fmt, lower, goal in figures:
             if key in prev and key in this:
                 ratio = prev[key] / this[key] if lower else this[key] / prev[key]
+                said = (f"{ratio:.2f}x" if not lower else f"{ratio:.2f}x lower" if ratio >= 1
+                        else f"{1 / ratio:.2f}x higher")
                 rows.append(f"| `{w}` ({when}, {r['environment']['gpu']}) | {label} | {fmt.format(prev[key])} | "
-                            f"{fmt.format(this[key])} | {ratio:.2f}x{' lower' if lower else ''} | {goal} |")
+                            f"{fmt.format(this[key])} | {said} | {goal} |")
     table = [f"| workload | figure | `{PREVIOUS}` | `{STAGE}` | ratio | goal |", "|" + " --- |" * 6, *rows]
     todo = [f"* `{w}`: not measured yet; `python -m common.bench --stages {PREV_NN},{NN} --workload {w}` measures it."
             for w in missing]
