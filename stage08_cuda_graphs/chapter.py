@@ -161,7 +161,7 @@ def step_split() -> str:
                   "sequence; the wall time the median of 20 `step()` calls; GPU and queueing times from events, "
                   "the GPU held by a spin kernel while the host queues):", "",
                   "| B | wall, through `step()` | GPU, kernel by kernel | host to queue them | GPU, replayed | host "
-                  "to queue the replay (packing and copy too) | the loop's host time | floor |", "|" + " --- |" * 8]
+                  "to queue the replay (one graph launch; its inputs copied before) | the loop's host time | floor |", "|" + " --- |" * 8]
         lines += [f"| {b[n]['extra_info']['batch_size']} | "
                   + " | ".join(f"{b[n]['extra_info'][k]:.2f} ms" for k in keys) + " |" for n in cases]
     return "\n".join(lines) or _not_measured("The decode step's split", f"bench{NN}")
