@@ -8,8 +8,8 @@ the harness, `python -m common.bench --ladder --workload ragged` (a stage never 
   step     one decode step of B = 1, 64, 256 running sequences at cache length 256: its wall time through
            step(), the GPU's time alone and the host's time to queue it, launched kernel by kernel and as the
            graph's replay (with its inputs' packing and copy), and the loop's own host time (schedule, pack,
-           record, detokenise), during which the GPU waits; and the wall time of the same steps without
-           asynchronous scheduling (wall_sync_ms), the host's planning then between the GPU's steps
+           record, detokenise), which asynchronous scheduling runs under the step in flight; and the wall time
+           of the same steps without it (wall_sync_ms), the host's planning then between the GPU's steps
 """
 import statistics
 import time
