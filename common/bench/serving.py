@@ -16,7 +16,7 @@ completions by concurrent clients, against the same requests through the engine 
    requests are malformed; every other request must complete with all its tokens, each malformed one must get
    a 400, and /metrics must again read zero.
 
-The server's overhead is 1 - server tok/s / direct tok/s (medians); the issue asks it below 10%.
+The server's overhead is 1 - server tok/s / direct tok/s (medians); the target is below 10%.
 
     python -m common.bench_serving --model tiny --probe-huge-prompt 5
 
