@@ -246,12 +246,13 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
 @pytest.mark.slow
 @pytest.mark.parametrize("length", [8192, 32768])
 def test_long_prompt_last_logits_agree_with_the_float32_reference(engines, length):
-    """The context stage05's score scratch could not hold (8.7 GB of scores at 8192 tokens, 140 GB at 32768): the
-    1B shape prefills the prompt in the engine's 2048-row chunks, and the logits of its last 64 positions are
-    compared with the numpy reference's math run in float32 on the GPU by torch (common/reference_torch.py; numpy
-    itself would take minutes, and HF's float32 sdpa cannot run 32768 tokens: its math fallback holds the whole
-    score matrix). The bound is the design's bf16 tolerance, 2e-2, or HF transformers' own bf16 run's distance
-    from the same reference if that is larger (times 1.1): ours must be no farther from the truth than HF in bf16."""
+    """A context stage05's score scratch held only in 2048-row chunks (2.1 GB of scores at 8192 tokens, 8.6 GB at
+    32768): the 1B shape prefills the prompt in the engine's 2048-row chunks, and the logits of its last 64
+    positions are compared with the numpy reference's math run in float32 on the GPU by torch
+    (common/reference_torch.py; numpy itself would take minutes, and HF's float32 sdpa cannot run 32768 tokens: its
+    math fallback holds the whole score matrix). The bound is the design's bf16 tolerance, 2e-2, or HF transformers'
+    own bf16 run's distance from the same reference if that is larger (times 1.1): ours must be no farther from the
+    truth than HF in bf16."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     if not torch.cuda.is_available():
