@@ -48,7 +48,7 @@ def device_memory_used() -> int | None:
 
 def warm_up(engine, workload: str, prompts, params, full: bool) -> None:
     """Compile the kernels and touch every shape the timed runs use, a few tokens each: every batch size (the
-    first timed run was seen 30-50% slower without it at B = 8..64), and for `long` the whole prompt (warmed on
+    first timed run was seen 13-31% slower without it at B = 64..8), and for `long` the whole prompt (warmed on
     a 128-token prompt, HF's first 2048- and 8192-token prefills were 2-4x slower than the next). `full`: the
     first request as timed (hf-compile compiles and captures the decode step for its cache length)."""
     def short(p):
