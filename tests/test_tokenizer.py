@@ -122,7 +122,7 @@ def test_prompt_rules(tiny_dir):
 
 
 CHAPTER_EXAMPLES = {"Hello, world!": [128000, 9906, 11, 1917, 0], " Hello": [128000, 22691],
-                    "🙂": [128000, 9468, 19044]}   # stage02_forward/README.md, section 2
+                    "🙂": [128000, 9468, 19044]}   # stage02_forward/README.md, section 3
 
 
 def test_the_chapter_examples_are_the_real_tokenizers(llama3_tokenizer):
