@@ -13,7 +13,9 @@ whether that tree has been measured yet and which command measures it.
   kernel-history   every committed batch-1 profile of this stage's code with graphs on the newest one's GPU: one
                    column a run (first, the previous stage's newest on that GPU, where there is one), each kernel
                    group's time on the critical path against its floor
-  gemv-kinds       bench_gemv.py's newest run: every gemv.cu kind alone at the 1B's layer shapes against its floor
+  gemv-kinds       bench_gemv.py's newest full run: every gemv.cu kind alone at the 1B's layer shapes, its floor
+  gemv-boundaries  bench_gemv.py's newest one-launch run: a GEMM's 16 layers in 16 launches and in one, the
+                   difference what a kernel boundary costs
   step-split       bench_batch.py's test_decode_step_split: a decode step's wall time, its replay's GPU time,
                    the loop's host time and the floor
   harness          the newest harness runs (not the ladders) of `latency`, `batch` and `ragged` that hold this
@@ -172,27 +174,70 @@ def _history_table(named: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def _gemv_rows(run: dict) -> list[dict]:
+    """bench_gemv.py's rows of a run (a run may hold other files' benchmarks too): their extra_info."""
+    return [b["extra_info"] for b in run["benchmarks"] if b["name"].startswith("test_gemv")]
+
+
+def _caption(name: str, run: dict) -> str:
+    gpu = name.split("_")[0].replace("-", " ")
+    return f"on {gpu} by `bench_gemv.py`, {run['datetime'][:10]} {run['datetime'][11:16]} ({_log_folder(name)})"
+
+
 def gemv_kinds() -> str:
-    """bench_gemv.py's newest run: each gemv.cu kind alone at the 1B's layer shapes, us a layer (its fastest warps
-    a column) and times its floor, M = 1, 2, 4, 8 rows; kind against kind at one shape is what a fusion adds."""
-    runs = _loaded("*_pytest-bench-gemv10.json")
+    """bench_gemv.py's newest full run (every kind at M = 1, 2, 4, 8): each gemv.cu kind alone at the 1B's layer
+    shapes, 16 launches a pass, us a layer and times its floor; kind against kind at one shape is what a fusion
+    adds."""
+    runs = [nr for nr in _loaded("*_pytest-bench-gemv10.json")
+            if {e["rows"] for e in _gemv_rows(nr[1])} >= {1, 2, 4, 8}]
     if not runs:
         return _not_measured("gemv.cu's kinds alone", "bash scripts/gpu_check.sh LOGS bench10-gemv")
     name, run = runs[-1]
     cells: dict[tuple[str, str], dict[int, dict]] = {}
-    for b in run["benchmarks"]:
-        e = b["extra_info"]
-        kind = f"`{e['kind']}`" + (", 16 layers in one launch" if e.get("launches") == 1 else "")
-        cells.setdefault((e["gemm"], kind), {})[e["rows"]] = e
+    for e in _gemv_rows(run):
+        if e.get("launches", 16) > 1:
+            cells.setdefault((e["gemm"], f"`{e['kind']}`"), {})[e["rows"]] = e
     sizes = sorted({m for row in cells.values() for m in row})
-    gpu = name.split("_")[0].replace("-", " ")
-    lines = [f"us a layer (times its floor) on {gpu} by `bench_gemv.py`, "
-             f"{run['datetime'][:10]} {run['datetime'][11:16]} ({_log_folder(name)}):", "",
-             "| GEMM | kind | floor | " + " | ".join(f"M = {m}" for m in sizes) + " |", "|" + " --- |" * (len(sizes) + 3)]
+    lines = [f"us a layer (times its floor) {_caption(name, run)}:", "",
+             "| GEMM | kind | floor | " + " | ".join(f"M = {m}" for m in sizes) + " |",
+             "|" + " --- |" * (len(sizes) + 3)]
     for (gemm, kind), row in cells.items():
         floor = next(iter(row.values()))["floor_us"]
         lines.append(f"| {gemm} | {kind} | {floor:.1f} | " + " | ".join(
             f"{row[m]['us_per_layer']:.1f} ({row[m]['times_floor']:.1f}x)" if m in row else "-" for m in sizes) + " |")
+    return "\n".join(lines)
+
+
+def gemv_boundaries() -> str:
+    """bench_gemv.py's newest run of test_gemv_one_launch: the plain kind over a GEMM's 16 layers as 16 launches
+    and as one launch of the layers stacked, in the same run; the difference is what a kernel boundary costs."""
+    runs = [nr for nr in _loaded("*_pytest-bench-gemv10.json")
+            if any(e.get("launches") == 1 for e in _gemv_rows(nr[1]))]
+    if not runs:
+        return _not_measured("a kernel boundary's cost", "bash scripts/gpu_check.sh LOGS bench10-gemv")
+    name, run = runs[-1]
+    rows = {(e["gemm"], e["rows"], e.get("launches", 16) == 1): e for e in _gemv_rows(run) if e["kind"] == "gemv"}
+    sizes = sorted({m for (_, m, one) in rows if one and any(k[1] == m and not k[2] for k in rows)})
+    gemms = list(dict.fromkeys(g for g, _, _ in rows))
+    lines = [f"`gemv` over 16 layers' weights, us a layer (times its floor) {_caption(name, run)}:", "",
+             "| GEMM | floor | " + " | ".join(f"M = {m}: 16 launches | one launch | a boundary" for m in sizes) + " |",
+             "|" + " --- |" * (2 + 3 * len(sizes))]
+    total = dict.fromkeys(sizes, 0.0)
+    for gemm in gemms:
+        cells = []
+        for m in sizes:
+            many, one = rows.get((gemm, m, False)), rows.get((gemm, m, True))
+            if many is None or one is None:
+                cells += ["-"] * 3
+                continue
+            cost = many["us_per_layer"] - one["us_per_layer"]
+            total[m] += cost
+            cells += [f"{many['us_per_layer']:.1f} ({many['times_floor']:.1f}x)",
+                      f"{one['us_per_layer']:.1f} ({one['times_floor']:.1f}x)", f"{cost:.1f}"]
+        floor = next(e["floor_us"] for (g, _, _), e in rows.items() if g == gemm)
+        lines.append(f"| {gemm} | {floor:.1f} | " + " | ".join(cells) + " |")
+    lines += ["", "A layer's four boundaries: " + ", ".join(f"{t:.1f} us at M = {m} ({16 * t:.0f} us a step)"
+                                                           for m, t in total.items()) + "."]
     return "\n".join(lines)
 
 
@@ -274,4 +319,4 @@ def harness() -> str:
 
 
 GENERATORS = {"profile-before": profile_before, "kernel-history": kernel_history, "gemv-kinds": gemv_kinds,
-              "step-split": step_split, "harness": harness}
+              "gemv-boundaries": gemv_boundaries, "step-split": step_split, "harness": harness}
