@@ -188,8 +188,14 @@ def gemv_kinds() -> str:
     """bench_gemv.py's newest full run (every kind at M = 1, 2, 4, 8): each gemv.cu kind alone at the 1B's layer
     shapes, 16 launches a pass, us a layer and times its floor; kind against kind at one shape is what a fusion
     adds."""
-    runs = [nr for nr in _loaded("*_pytest-bench-gemv10.json")
-            if {e["rows"] for e in _gemv_rows(nr[1])} >= {1, 2, 4, 8}]
+    def full(run: dict) -> bool:                     # every (GEMM, kind) of 16 launches at M = 1, 2, 4 and 8
+        sizes: dict[tuple[str, str], set[int]] = {}
+        for e in _gemv_rows(run):
+            if e.get("launches", 16) > 1:
+                sizes.setdefault((e["gemm"], e["kind"]), set()).add(e["rows"])
+        return bool(sizes) and all(m >= {1, 2, 4, 8} for m in sizes.values())
+
+    runs = [nr for nr in _loaded("*_pytest-bench-gemv10.json") if full(nr[1])]
     if not runs:
         return _not_measured("gemv.cu's kinds alone", "bash scripts/gpu_check.sh LOGS bench10-gemv")
     name, run = runs[-1]
@@ -217,12 +223,13 @@ def gemv_boundaries() -> str:
         return _not_measured("a kernel boundary's cost", "bash scripts/gpu_check.sh LOGS bench10-gemv")
     name, run = runs[-1]
     rows = {(e["gemm"], e["rows"], e.get("launches", 16) == 1): e for e in _gemv_rows(run) if e["kind"] == "gemv"}
-    sizes = sorted({m for (_, m, one) in rows if one and any(k[1] == m and not k[2] for k in rows)})
     gemms = list(dict.fromkeys(g for g, _, _ in rows))
+    sizes = sorted({m for (_, m, one) in rows if one and any(k[1] == m and not k[2] for k in rows)})
+    complete = [m for m in sizes if all((g, m, one) in rows for g in gemms for one in (False, True))]
     lines = [f"`gemv` over 16 layers' weights, us a layer (times its floor) {_caption(name, run)}:", "",
              "| GEMM | floor | " + " | ".join(f"M = {m}: 16 launches | one launch | a boundary" for m in sizes) + " |",
              "|" + " --- |" * (2 + 3 * len(sizes))]
-    total = dict.fromkeys(sizes, 0.0)
+    total = dict.fromkeys(complete, 0.0)                # M -> a layer's boundaries, where every GEMM has both
     for gemm in gemms:
         cells = []
         for m in sizes:
@@ -231,12 +238,13 @@ def gemv_boundaries() -> str:
                 cells += ["-"] * 3
                 continue
             cost = many["us_per_layer"] - one["us_per_layer"]
-            total[m] += cost
+            if m in total:
+                total[m] += cost
             cells += [f"{many['us_per_layer']:.1f} ({many['times_floor']:.1f}x)",
                       f"{one['us_per_layer']:.1f} ({one['times_floor']:.1f}x)", f"{cost:.1f}"]
         floor = next(e["floor_us"] for (g, _, _), e in rows.items() if g == gemm)
         lines.append(f"| {gemm} | {floor:.1f} | " + " | ".join(cells) + " |")
-    lines += ["", "A layer's four boundaries: " + ", ".join(f"{t:.1f} us at M = {m} ({16 * t:.0f} us a step)"
+    lines += ["", f"A layer's {len(gemms)} boundaries: " + ", ".join(f"{t:.1f} us at M = {m} ({16 * t:.0f} us a step)"
                                                            for m, t in total.items()) + "."]
     return "\n".join(lines)
 
