@@ -13,8 +13,10 @@ Each layer GEMM at M = 1, 2, 4 and 8 rows, through the kinds the engine may laun
 A figure is one pass's GPU time: a pass over 16 layers' weights of that shape (201 MB for qkv, more than the
 L2: they stream from HBM, as in a step), launched back to back with programmatic dependent launch as the model
 does, 20 passes queued while a spin kernel holds the GPU (common.bench.measure's gpu_and_host_ms), divided by 16.
-test_gemv_one_launch streams the same 16 layers as one matrix in one launch: the plain kind's figure less this one
-is what a kernel boundary costs that GEMM.
+test_gemv_one_launch streams the same 16 layers as one matrix in one launch, the plain kind and the fused kinds of o,
+gate_up and down (qkv's RoPE kind cannot take a stacked matrix: its heads are checked): test_gemv's figure less this
+one is what a kernel boundary costs that kind at that GEMM (the paired kind pairs rows across the stacked layers:
+other pairs, the same bytes).
 Each kind runs at the warps a column the engine would keep: the fastest of those it times (every count's time is
 in extra_info: the paired kinds take at most 4, the others 8). The floor is the weights' bytes at the measured
 copy bandwidth. At one shape, kind minus kind is about what a fusion costs: gemv_norm - gemv the norm,
@@ -132,10 +134,14 @@ def test_gemv(benchmark, kernels, bandwidth_gbps, weights, name, kind, M):
     time_layers(benchmark, kernels, bandwidth_gbps, name, kind, M, weights[name])
 
 
+ONE_LAUNCH = [(name, "gemv") for name in SHAPES] + [("o", "gemv_residual"), ("gate_up", "gemv_norm_silu"),
+                                                     ("down", "gemv_residual")]
+
+
 @pytest.mark.parametrize("M", [1, 8])
-@pytest.mark.parametrize("name", list(SHAPES))
-def test_gemv_one_launch(benchmark, kernels, bandwidth_gbps, stacked, name, M):
-    """The plain kind over all 16 layers' weights of a shape in one launch: test_gemv's bytes with one ramp and one
-    drain instead of 16, so the difference is what its 15 kernel boundaries cost, what a persistent kernel
-    streaming every layer would save at this GEMM (besides the kernels between the GEMMs)."""
-    time_layers(benchmark, kernels, bandwidth_gbps, name, "gemv", M, [stacked[name]])
+@pytest.mark.parametrize("name,kind", ONE_LAUNCH, ids=[f"{n}-{k}" for n, k in ONE_LAUNCH])
+def test_gemv_one_launch(benchmark, kernels, bandwidth_gbps, stacked, name, kind, M):
+    """A kind over all 16 layers' weights of a shape in one launch: test_gemv's bytes with one ramp and one drain
+    instead of 16, so the difference is what its 15 kernel boundaries cost, what a persistent kernel streaming every
+    layer would save at this GEMM (besides the kernels between the GEMMs)."""
+    time_layers(benchmark, kernels, bandwidth_gbps, name, kind, M, [stacked[name]])

@@ -14,8 +14,8 @@ whether that tree has been measured yet and which command measures it.
                    column a run (first, the previous stage's newest on that GPU, where there is one), each kernel
                    group's time on the critical path against its floor
   gemv-kinds       bench_gemv.py's newest full run: every gemv.cu kind alone at the 1B's layer shapes, its floor
-  gemv-boundaries  bench_gemv.py's newest one-launch run: a GEMM's 16 layers in 16 launches and in one, the
-                   difference what a kernel boundary costs
+  gemv-boundaries  bench_gemv.py's newest one-launch run: a kind over a GEMM's 16 layers in 16 launches and in
+                   one, the difference what a kernel boundary costs
   step-split       bench_batch.py's test_decode_step_split: a decode step's wall time, its replay's GPU time,
                    the loop's host time and the floor
   harness          the newest harness runs (not the ladders) of `latency`, `batch` and `ragged` that hold this
@@ -215,37 +215,38 @@ def gemv_kinds() -> str:
 
 
 def gemv_boundaries() -> str:
-    """bench_gemv.py's newest run of test_gemv_one_launch: the plain kind over a GEMM's 16 layers as 16 launches
-    and as one launch of the layers stacked, in the same run; the difference is what a kernel boundary costs."""
+    """bench_gemv.py's newest run of test_gemv_one_launch: a kind over a GEMM's 16 layers as 16 launches and as one
+    launch of the layers stacked, in the same run; the difference is what a kernel boundary costs."""
     runs = [nr for nr in _loaded("*_pytest-bench-gemv10.json")
             if any(e.get("launches") == 1 for e in _gemv_rows(nr[1]))]
     if not runs:
         return _not_measured("a kernel boundary's cost", "bash scripts/gpu_check.sh LOGS bench10-gemv")
     name, run = runs[-1]
-    rows = {(e["gemm"], e["rows"], e.get("launches", 16) == 1): e for e in _gemv_rows(run) if e["kind"] == "gemv"}
-    gemms = list(dict.fromkeys(g for g, _, _ in rows))
-    sizes = sorted({m for (_, m, one) in rows if one and any(k[1] == m and not k[2] for k in rows)})
-    complete = [m for m in sizes if all((g, m, one) in rows for g in gemms for one in (False, True))]
-    lines = [f"`gemv` over 16 layers' weights, us a layer (times its floor) {_caption(name, run)}:", "",
-             "| GEMM | floor | " + " | ".join(f"M = {m}: 16 launches | one launch | a boundary" for m in sizes) + " |",
-             "|" + " --- |" * (2 + 3 * len(sizes))]
-    total = dict.fromkeys(complete, 0.0)                # M -> a layer's boundaries, where every GEMM has both
-    for gemm in gemms:
+    rows = {(e["gemm"], e["kind"], e["rows"], e.get("launches", 16) == 1): e for e in _gemv_rows(run)}
+    pairs = list(dict.fromkeys((g, k) for g, k, _, one in rows if one))      # (GEMM, kind) timed in one launch
+    sizes = sorted({m for g, k, m, one in rows if one and (g, k, m, False) in rows})
+    plain = [g for g, k in pairs if k == "gemv"]
+    complete = [m for m in sizes if all((g, "gemv", m, one) in rows for g in plain for one in (False, True))]
+    lines = [f"16 layers' weights, us a layer (times its floor) {_caption(name, run)}:", "",
+             "| GEMM | kind | floor | " + " | ".join(f"M = {m}: 16 launches | one launch | a boundary" for m in sizes)
+             + " |", "|" + " --- |" * (3 + 3 * len(sizes))]
+    total = dict.fromkeys(complete, 0.0)               # M -> a layer's boundaries of the plain kind
+    for gemm, kind in pairs:
         cells = []
         for m in sizes:
-            many, one = rows.get((gemm, m, False)), rows.get((gemm, m, True))
+            many, one = rows.get((gemm, kind, m, False)), rows.get((gemm, kind, m, True))
             if many is None or one is None:
                 cells += ["-"] * 3
                 continue
             cost = many["us_per_layer"] - one["us_per_layer"]
-            if m in total:
+            if kind == "gemv" and m in total:
                 total[m] += cost
             cells += [f"{many['us_per_layer']:.1f} ({many['times_floor']:.1f}x)",
                       f"{one['us_per_layer']:.1f} ({one['times_floor']:.1f}x)", f"{cost:.1f}"]
-        floor = next(e["floor_us"] for (g, _, _), e in rows.items() if g == gemm)
-        lines.append(f"| {gemm} | {floor:.1f} | " + " | ".join(cells) + " |")
-    lines += ["", f"A layer's {len(gemms)} boundaries: " + ", ".join(f"{t:.1f} us at M = {m} ({16 * t:.0f} us a step)"
-                                                           for m, t in total.items()) + "."]
+        floor = next(e["floor_us"] for (g, _, _, _), e in rows.items() if g == gemm)
+        lines.append(f"| {gemm} | `{kind}` | {floor:.1f} | " + " | ".join(cells) + " |")
+    lines += ["", f"A layer's {len(plain)} boundaries of the plain kind: " + ", ".join(
+        f"{t:.1f} us at M = {m} ({16 * t:.0f} us a step)" for m, t in total.items()) + "."]
     return "\n".join(lines)
 
 
