@@ -215,13 +215,19 @@ class Gpu:
         free, total = check(driver.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
-    def allow_shared_memory(self, kernel, nbytes: int) -> None:
+    def allow_shared_memory(self, kernel, nbytes: int, carveout: int | None = None) -> None:
         """Let `kernel` launch with up to nbytes of dynamic shared memory: past 48 KiB a kernel must ask for it
-        (the function attribute MAX_DYNAMIC_SHARED_SIZE_BYTES)."""
+        (the function attribute MAX_DYNAMIC_SHARED_SIZE_BYTES). carveout: also ask for this percent of the SM's
+        L1 and shared memory to be shared memory (PREFERRED_SHARED_MEMORY_CARVEOUT; -1, the driver's choice), a
+        hint the driver weighs when it fits blocks on an SM."""
         driver = _driver()
-        attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        attributes = driver.CUfunction_attribute
         handle = getattr(kernel, "handle", None) or kernel._handle
-        check(driver.cuKernelSetAttribute(attribute, nbytes, handle, self.device.device_id), "cuKernelSetAttribute")
+        wanted = [(attributes.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)]
+        if carveout is not None:
+            wanted.append((attributes.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carveout))
+        for attribute, value in wanted:
+            check(driver.cuKernelSetAttribute(attribute, value, handle, self.device.device_id), "cuKernelSetAttribute")
 
     def copy_columns(self, dst: DeviceArray, first_col: int, src: DeviceArray) -> None:
         """dst[:, first_col:first_col + c] = src on the stream, for row-major dst (n, C) and src (n, c) of one

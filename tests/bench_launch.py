@@ -1,7 +1,8 @@
 """What one kernel launch still costs inside a graph (pytest-benchmark): common/kernels/chain.cu, a kernel that does
 nothing but wait for the one before it and add 1 to its elements, launched LAUNCHES times in a row, captured in a
 graph and replayed as a decode step is, with programmatic dependent launch (kernels/pdl.cuh, stage10 on) and without,
-at one block, one block an SM and four an SM.
+at one block, one block an SM and four an SM; and whether a kernel launched early finds room on its SM beside the
+kernel before it, at a given shared memory a block (test_next_kernel_beside_the_one_before).
 
     pytest tests/bench_launch.py --benchmark-only -m gpu
 
@@ -55,3 +56,43 @@ def test_launch(benchmark, gpu, pdl, blocks_per_sm):
     benchmark.extra_info.update(pdl=pdl, blocks=blocks, threads=THREADS, launches=LAUNCHES,
                                 us_per_launch=round(float(np.median(us)), 3), us_min=round(min(us), 3),
                                 us_max=round(max(us), 3))
+
+
+OVERLAP = Path(__file__).resolve().parents[1] / "common" / "kernels" / "overlap.cu"
+HOLD_NS, OVERLAP_THREADS = 20_000, 256
+
+
+@pytest.mark.parametrize("carveout", [-1, 86, 100], ids=["carveout-driver", "carveout-86", "carveout-100"])
+@pytest.mark.parametrize("shared_kib", [0, 64, 96, 112])
+def test_next_kernel_beside_the_one_before(benchmark, gpu, shared_kib, carveout):
+    """common/kernels/overlap.cu launched twice with programmatic dependent launch, a block an SM each, each block
+    taking shared_kib of dynamic shared memory at a carveout (percent of the SM's L1 and shared memory asked to be
+    shared; -1 the driver's choice): the share of the second launch's blocks that started while the first's block
+    on their SM still held it (20 us), i.e. whether an early launch finds room beside the kernel before it -- what
+    a GEMV that fills its shared memory before its input is ready (stage10's chapter, "What was tried") needs.
+    Every end stamp of the second must come after every end stamp of the first (griddepcontrol.wait's order)."""
+    from cuda.core import LaunchConfig
+
+    kernel = KernelModule(OVERLAP, gpu.arch).kernel("overlap")
+    nbytes = shared_kib * 1024
+    gpu.allow_shared_memory(kernel, nbytes, carveout)
+    blocks = gpu.device.properties.multiprocessor_count
+    config = LaunchConfig(grid=blocks, block=OVERLAP_THREADS, shmem_size=nbytes, programmatic_stream_serialization=True)
+    first, second = gpu.empty((blocks, 3), "u64"), gpu.empty((blocks, 3), "u64")
+    shares = []
+
+    def run():
+        gpu.launch(kernel, config, first.arg, np.uint64(HOLD_NS))
+        gpu.launch(kernel, config, second.arg, np.uint64(0))
+        gpu.sync()
+        a, b = gpu.to_host(first), gpu.to_host(second)
+        assert (a[:, 1] >= a[:, 0]).all() and b[:, 1].min() >= a[:, 1].max(), "the second ended before the first"
+        held_until = {int(sm): int(end) for _, end, sm in a}
+        shares.append(float(np.mean([start < held_until.get(int(sm), 0) for start, _, sm in b])))
+
+    run()                                                              # compiled and loaded outside the timing
+    shares.clear()
+    benchmark.pedantic(run, rounds=5)
+    benchmark.extra_info.update(shared_kib=shared_kib, carveout=carveout, blocks=blocks, threads=OVERLAP_THREADS,
+                                hold_us=HOLD_NS / 1e3, share_beside=round(float(np.median(shares)), 3),
+                                share_min=round(min(shares), 3), share_max=round(max(shares), 3))

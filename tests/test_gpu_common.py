@@ -114,3 +114,27 @@ def test_a_chain_of_launches_keeps_its_order(pdl):
     for _ in range(50):
         gpu.launch(kernel, config, x.arg)
     assert (gpu.to_host(x) == 50).all()
+
+
+def test_a_kernel_launched_early_ends_after_the_one_before():
+    """common/kernels/overlap.cu (tests/bench_launch.py's probe) twice with programmatic dependent launch, a block an
+    SM: every block stamps a start, an end not before it, and its SM; every end of the second comes after every end of
+    the first (griddepcontrol.wait), whether or not its start did."""
+    from pathlib import Path
+
+    from cuda.core import LaunchConfig
+
+    from common.compile import KernelModule
+
+    gpu = get_gpu()
+    kernel = KernelModule(Path(__file__).resolve().parents[1] / "common" / "kernels" / "overlap.cu",
+                          gpu.arch).kernel("overlap")
+    sms = gpu.device.properties.multiprocessor_count
+    config = LaunchConfig(grid=sms, block=256, programmatic_stream_serialization=True)
+    first, second = gpu.to_device(np.zeros((sms, 3), np.uint64)), gpu.to_device(np.zeros((sms, 3), np.uint64))
+    gpu.launch(kernel, config, first.arg, np.uint64(20_000))
+    gpu.launch(kernel, config, second.arg, np.uint64(0))
+    a, b = gpu.to_host(first), gpu.to_host(second)
+    assert (a[:, 0] > 0).all() and (b[:, 0] > 0).all() and (a[:, 1] - a[:, 0] >= 20_000).all()
+    assert (b[:, 1] >= b[:, 0]).all() and b[:, 1].min() >= a[:, 1].max()
+    assert (a[:, 2] < sms).all() and (b[:, 2] < sms).all()
