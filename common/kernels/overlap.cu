@@ -11,8 +11,8 @@
 // the second's end after the first's: each end stamp of the second comes after every end stamp of the first.
 // Launch: grid blocks, block threads, any dynamic shared memory; stamps (blocks, 3) u64, a launch's own.
 
+// The launch's dynamic shared memory is what the scheduler must fit on an SM, touched or not: the kernel leaves it.
 extern "C" __global__ void overlap(unsigned long long* stamps, unsigned long long hold_ns) {
-    extern __shared__ unsigned char claimed[];   // the launch's dynamic shared memory: what the scheduler must fit
     unsigned long long start, now;
     unsigned int sm;
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -24,7 +24,6 @@ extern "C" __global__ void overlap(unsigned long long* stamps, unsigned long lon
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     if (threadIdx.x == 0) {
-        claimed[0] = 1;
         stamps[3 * blockIdx.x] = start;
         stamps[3 * blockIdx.x + 1] = now;
         stamps[3 * blockIdx.x + 2] = sm;
