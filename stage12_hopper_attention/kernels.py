@@ -26,6 +26,7 @@ HOPPER_TILE_M = {64: 192, 128: 128}   # attention_hopper.cu's TILE_M for each he
 #                                       pairs of a prompt tile on sm_90, 64 for each consumer warpgroup
 HOPPER_TILE_N = {64: 128, 128: 64}   # its keys a K/V tile for each head_dim
 HOPPER_STAGES = {64: 2, 128: 3}   # its STAGES for each head_dim: K/V tiles in shared memory at once
+MAX_GRID_Y = 65535       # a launch's most blocks in y: attention_hopper's prompt tiles
 MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over (a lane each in
 #                          split_combine.cuh's merge: at most the warp size)
 MIN_KEYS_PER_SPLIT = 64   # one 64-key tile a split: at batch 1 over 256 keys, 4 splits took 6.5 us a layer
@@ -288,9 +289,10 @@ class Kernels:
                 and kv_maps.shape == (2, 16) and block_tables.dtype == "i32" and len(block_tables.shape) == 2
                 and block_size & (block_size - 1) == 0 and out.shape == (R, n_heads * head_dim)
                 and stride >= n_heads * head_dim and stride % 2 == 0 and n_heads % n_kv_heads == 0
-                and n_heads // n_kv_heads <= ATTENTION_MAX_GROUP, qkv, out, kv_maps, tiles, block_tables)
+                and n_heads // n_kv_heads <= ATTENTION_MAX_GROUP and n <= MAX_GRID_Y, qkv, out, kv_maps, tiles,
+                block_tables)
         threads = 2 * HOPPER_TILE_M[head_dim] + (128 if head_dim == 64 else 32)   # consumers, then the producer
-        config = self._config("attention_hopper", (n, n_kv_heads), threads, hopper_shared_bytes(head_dim))
+        config = self._config("attention_hopper", (n_kv_heads, n), threads, hopper_shared_bytes(head_dim))
         self.gpu.launch(self._attention_hopper[head_dim], config, qkv.arg, out.arg, kv_maps.arg, tiles.arg,
                         block_tables.arg, *map(np.int32, (block_tables.shape[1], block_size.bit_length() - 1,
                                                           n_heads, n_kv_heads, stride)))

@@ -111,8 +111,10 @@ def plan_attention(spans: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.nd
     """Attention's work as tiles (first row, rows, seq_slot, first position) i32: (prompt tiles (n, 4), decode
     tiles (m, 4)). A chunk of several rows (a prompt, or a chunk of one) is cut into tiles of at most tile_rows
     consecutive rows; a chunk of one row (a decode row) is a tile of its own, listed apart because its keys are
-    split over blocks (flash-decoding) where a prompt tile's are not. tile_rows = 0 (no tensor-core kernel for the
-    model's head_dim): every row is a one-row decode tile."""
+    split over blocks (flash-decoding) where a prompt tile's are not. Prompt tiles come longest first (the most keys
+    to read): the GPU starts a launch's blocks about in order, so the last to start, which set when the launch ends,
+    are then the shortest. tile_rows = 0 (no tensor-core kernel for the model's head_dim): every row is a one-row
+    decode tile."""
     if tile_rows == 0:
         rows = np.arange(spans[:, 1].sum())
         which = np.repeat(np.arange(len(spans)), spans[:, 1])
@@ -125,4 +127,5 @@ def plan_attention(spans: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.nd
     k = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)   # its index within the chunk
     c, offset = several[which], k * tile_rows
     tiles = np.stack([c[:, 0] + offset, np.minimum(tile_rows, c[:, 1] - offset), c[:, 2], c[:, 3] + offset], 1)
+    tiles = tiles[np.argsort(-(tiles[:, 3] + tiles[:, 1]), kind="stable")]   # keys to read: last position + 1
     return tiles.astype(np.int32).reshape(-1, 4), spans[spans[:, 1] == 1].astype(np.int32).reshape(-1, 4)

@@ -42,7 +42,7 @@
 // are zeroed by the consumers before P V reads them (P is 0 there, but 0 * NaN is not 0), and S is set to -inf
 // there whatever K held.
 //
-// Launch: grid (n_tiles, nkv), block 512 (head_dim 64) or 288 (128), dynamic shared memory STAGES * 2 * TILE_N * hd
+// Launch: grid (nkv, n_tiles), block 512 (head_dim 64) or 288 (128), dynamic shared memory STAGES * 2 * TILE_N * hd
 // * 2 bytes + 1 KiB (the stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). tiles (n_tiles, 4) i32:
 // first row, n_rows (<= TILE_M / G), seq_slot, first position; the tiles' K/V are in the cache (rope_kv_write ran
 // first). qkv (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); kv_maps: this layer's two 128-byte
@@ -85,8 +85,10 @@ __device__ __forceinline__ void attention_hopper(
     extern __shared__ unsigned char smem_raw[];
     __shared__ unsigned long long full[STAGES], empty[STAGES];
     unsigned char* stages = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);   // 1,024-byte aligned
-    const int* tile = tiles + 4 * blockIdx.x;
-    const int first_row = tile[0], n_rows = tile[1], first_pos = tile[3], g = blockIdx.y;
+    // a tile's K/V heads are consecutive blocks, and the tiles come longest first (plan_attention): blocks start
+    // about in launch order, so the last wave is the shortest tiles of every head, not the longest of the last head
+    const int* tile = tiles + 4 * blockIdx.y;
+    const int first_row = tile[0], n_rows = tile[1], first_pos = tile[3], g = blockIdx.x;
     const int group = n_heads / n_kv_heads, last_pos = first_pos + n_rows - 1;
     const int n_tiles = last_pos / TILE_N + 1;
     // the warp's index through a shuffle: the compiler then knows it is the same in every lane, so the branches

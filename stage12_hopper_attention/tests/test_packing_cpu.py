@@ -70,10 +70,11 @@ def test_what_the_scheduler_plans_packs_to_its_budget():
     assert x.table_updates.tolist() == [[0, 0], [1, 1], [25, 2], [26, 3], [27, 4]]
 
 
-def test_attention_plan_tiles_prompt_chunks_and_gives_decode_rows_tiles_of_one():
+def test_attention_plan_tiles_prompt_chunks_longest_first_and_gives_decode_rows_tiles_of_one():
     spans = np.array([[0, 1, 2, 4], [1, 40, 0, 0], [41, 2, 5, 1], [43, 1, 7, 90], [44, 16, 3, 16]], np.int32)
     prompt, decode = plan_attention(spans, 16)
-    assert prompt.tolist() == [[1, 16, 0, 0], [17, 16, 0, 16], [33, 8, 0, 32], [41, 2, 5, 1], [44, 16, 3, 16]]
+    # keys each tile reads: 40, 32, 32 (in the order the chunks came), 16, 3
+    assert prompt.tolist() == [[33, 8, 0, 32], [17, 16, 0, 16], [44, 16, 3, 16], [1, 16, 0, 0], [41, 2, 5, 1]]
     assert decode.tolist() == [[0, 1, 2, 4], [43, 1, 7, 90]]
     assert prompt.dtype == decode.dtype == np.int32
     prompt, decode = plan_attention(spans, 0)                   # no tensor-core kernel: every row a tile of one

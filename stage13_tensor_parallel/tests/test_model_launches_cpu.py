@@ -240,7 +240,7 @@ def test_prompt_tiles_take_the_hopper_kernel_with_their_layer_s_tensor_maps(mode
     assert model.hopper and model.tile_rows == 48
     model.forward(prompt_step(60))
     hopper = [(grid, args) for k, grid, args in model.gpu.launches if k == "attention_hopper_hd64"]
-    assert len(hopper) == 16 and all(grid == (2, 8, 1) for grid, _ in hopper)        # 48 + 12 rows
+    assert len(hopper) == 16 and all(grid == (8, 2, 1) for grid, _ in hopper)   # 8 K/V heads; 48 + 12 rows
     assert [args[2] for _, args in hopper] == [model.kv_maps.ptr + 256 * i for i in range(16)]
     assert model.gpu.shared_memory == {"attention_hopper_hd64": hopper_shared_bytes(64),
                                        "attention_hopper_hd128": hopper_shared_bytes(128)}
