@@ -47,7 +47,10 @@ BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
            [("main then", "b_main"), ("128-key tiles, two warpgroups (hd 64)", "b_wip_hopper_128_key_tiles"),
             ("128-key tiles, three warpgroups, setmaxnreg", "b_wip_hopper_setmaxnreg")]),
           ("2026-12-05-H100-unmasked-tiles/builds",
-           [("main then", "b_main"), ("no mask left of the diagonal (main now)", "b_wip_hopper_unmasked_tiles")])]
+           [("main then", "b_main"), ("no mask left of the diagonal", "b_wip_hopper_unmasked_tiles")]),
+          ("2026-12-06-H100-tile-order",
+           [("main then", "b_25a880b"), ("prompt tiles longest first (main now)", "b_wip_order"),
+            ("longest first; Q in shared memory, S of j beside P V of j - 1, 3 stages", "b_wip_overlap")])]
 
 
 def tile_plan() -> str:
@@ -112,7 +115,7 @@ def kernel() -> str:
 
 def builds() -> str:
     lines = ["TFLOP/s of `attention_hopper.cu`'s builds by `bench_attention.py -k prefill`, a log folder's builds in "
-             "one run:", "",
+             "one run (the run: its GPU, month-day and UTC time):", "",
              "| run | build | " + " | ".join(f"hd {hd}, {n // 1024}K" for hd in (64, 128) for n in LENGTHS) + " |",
              "|" + " --- |" * 8]
     for folder, runs in BUILDS:
@@ -122,7 +125,8 @@ def builds() -> str:
             bench = {b["name"]: b["extra_info"]["tflop_per_s"] for b in run["benchmarks"]}
             gpu = path.name.split("_")[0].replace("NVIDIA-", "").split("-")[0]
             cells = [f"{bench[f'test_prefill_attention[{n}-{hd}-hopper]']:.0f}" for hd in (64, 128) for n in LENGTHS]
-            lines.append(f"| {gpu} {run['datetime'][11:16]} | {build} | " + " | ".join(cells) + " |")
+            when = f"{run['datetime'][5:10]} {run['datetime'][11:16]}"      # month-day, UTC time
+            lines.append(f"| {gpu} {when} | {build} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
