@@ -4,7 +4,8 @@
 # files; launch: tests/bench_launch.py, what a launch costs in a graph), ncu12
 # (Nsight Compute on stage12's prefill kernels), builds (each folder scripts/stage_builds.sh made: its kernel tests
 # BUILD_TESTS, then its BUILD_BENCH files -k BUILD_BENCH_K, one build after another; either `none`: skipped), profile
-# (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), host-profile (the loop's host time at
+# (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), prefill-profile (one long prompt's
+# prefill by kernel group: PREFILL_RUNS of stage:tokens[:budget]), host-profile (the loop's host time at
 # B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch,
 # ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat),
 # ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and
@@ -117,6 +118,13 @@ for st in 08 09 10 11; do
         --benchmark-json "$logs/${gpu}_${day}_pytest-bench-step-$st.json" -q
   fi
 done
+if want prefill-profile; then   # one long prompt's prefill by kernel group: PREFILL_RUNS of stage:tokens[:budget]
+  for spec in ${PREFILL_RUNS:-12:32768 12:32768:8192}; do
+    IFS=: read -r st n budget <<< "$spec"
+    run "prefill-profile-$st-$n${budget:+-tok$budget}" python3 -m common.bench.prefill_profile --stage "$st" \
+        --prompt-tokens "$n" ${budget:+--max-num-batched-tokens "$budget"} --out "$logs"
+  done
+fi
 if want profile; then   # needs cupti-python: carried as a wheel in .whl like nvmath
   for spec in ${PROFILE_RUNS:-07:1 08:1 09:1 10:1 10:64}; do
     IFS=: read -r st b eager <<< "$spec"

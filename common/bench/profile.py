@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import importlib.util
 import inspect
 import json
 import statistics
@@ -78,6 +79,7 @@ FLOORED = ("embedding", "norms", "gemm qkv", "rope", "kv_write", "attention", "g
 ORDER = ["embedding", "norms", "gemm qkv", "rope", "kv_write", "rope + kv_write", "attention", "gemm o",
          "gemm gate_up", "silu_mul", "gemm down", "gemm lm_head", "sample", "block tables", "collectives"]
 WARM_STEPS = 8                    # decode steps before the profiled ones: every kernel loaded, every shape seen
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -409,6 +411,39 @@ def format_profile(p: dict) -> str:
     return "\n".join(lines)
 
 
+def stage_folder(prog: str, arg: str) -> str | None:
+    """The stage folder `--stage NN` names (stageNN_*, a package), or None, having said so in one line."""
+    found = sorted(p.name for p in ROOT.glob(f"stage{int(arg):02d}_*") if (p / "__init__.py").exists()) \
+        if arg.isdigit() else []
+    if not found:
+        print(f"{prog}: --stage {arg}: no such stage in {ROOT}", file=sys.stderr)
+    return found[0] if found else None
+
+
+def add_out_argument(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                    help="where the profile's JSON goes (default: %(default)s)")
+
+
+def recording_problem() -> str | None:
+    """What keeps this machine from recording kernels, in a few words (no GPU, no cupti-python), or None."""
+    from common.device import has_gpu
+
+    ok, why = has_gpu()
+    if not ok:
+        return f"no GPU ({why}): the profile records the GPU's kernels (CUPTI)"
+    if importlib.util.find_spec("cupti") is None:
+        return "it needs NVIDIA's cupti-python: pip install -e \".[profile]\""
+    return None
+
+
+def write_result(out: Path, name: str, result: dict) -> None:
+    """A profile's JSON into out/name (out made if need be), and a line saying where."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out / name}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m common.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--stage", required=True, help="two digits: the stage folder stageNN_*")
@@ -420,38 +455,26 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="llama-3.2-1b", help="a preset or checkpoint folder (default: %(default)s)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1,
                     help="GPUs the model is split over (a stage that takes it); the profile is rank 0's")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                    help="where the profile's JSON goes (default: %(default)s)")
+    add_out_argument(ap)
     args = ap.parse_args(argv)
-    root = Path(__file__).resolve().parents[2]
-    found = sorted(p.name for p in root.glob(f"stage{int(args.stage):02d}_*") if (p / "__init__.py").exists()) \
-        if args.stage.isdigit() else []
-    if not found:
-        print(f"{ap.prog}: --stage {args.stage}: no such stage in {root}", file=sys.stderr)
+    stage = stage_folder(ap.prog, args.stage)
+    if stage is None:
         return 2
-    from common.device import has_gpu
-
-    ok, why = has_gpu()
-    if not ok:      # what the machine lacks, in one line (not the usage: the command was right)
-        print(f"{ap.prog}: no GPU ({why}): the profile records the GPU's kernels (CUPTI); on a CPU, "
-              "`python -m common.bench.host_profile --free-runner` profiles the loop's host work", file=sys.stderr)
+    problem = recording_problem()
+    if problem:     # what the machine lacks, in one line (not the usage: the command was right)
+        hint = ("; on a CPU, `python -m common.bench.host_profile --free-runner` profiles the loop's host work"
+                if problem.startswith("no GPU") else "")
+        print(f"{ap.prog}: {problem}{hint}", file=sys.stderr)
         return 2
-    try:
-        import cupti  # noqa: F401
-    except ImportError:
-        print(f"{ap.prog}: it needs NVIDIA's cupti-python: pip install -e \".[profile]\"", file=sys.stderr)
-        return 2
-    p = profile(found[0], args.batch, args.cache_length, args.steps, args.enforce_eager, args.model,
+    p = profile(stage, args.batch, args.cache_length, args.steps, args.enforce_eager, args.model,
                 args.tensor_parallel_size)
     print(format_profile(p))
-    args.out.mkdir(parents=True, exist_ok=True)
     day, clock = p["date"][:10], p["date"][11:19].replace(":", "")
-    name = (f"{p['gpu'].replace(' ', '-')}_{day}_profile-{found[0][5:7]}-b{args.batch}"
+    name = (f"{p['gpu'].replace(' ', '-')}_{day}_profile-{stage[5:7]}-b{args.batch}"
             f"{'-eager' if args.enforce_eager else ''}"
             f"{f'-tp{args.tensor_parallel_size}' if args.tensor_parallel_size != 1 else ''}"
             f"{'' if args.model == 'llama-3.2-1b' else '-' + Path(args.model).name}_{clock}.json")
-    (args.out / name).write_text(json.dumps(p, indent=1) + "\n")
-    print(f"wrote {args.out / name}", file=sys.stderr)
+    write_result(args.out, name, p)
     return 0
 
 

@@ -1,0 +1,58 @@
+"""common.bench.prefill_profile without a GPU: its grouping of a prefill's kernels, the FLOPs it holds them to, its
+table, and its command line's refusals."""
+import pytest
+
+from common.bench import prefill_profile as pp
+from common.bench.profile import read_declaration
+from common.synthetic import PRESETS
+
+STAGE = "stage12_hopper_attention"
+CUBLAS = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64"
+
+
+def test_kernels_group_by_the_stage_s_names_and_prompt_only_ones_keep_theirs():
+    declared = read_declaration(STAGE)
+    kernels = [(0, 10, "embedding_gather"), (10, 30, CUBLAS), (25, 60, "attention_hopper_hd64"),
+               (60, 70, "add_rms_norm"), (70, 90, "gemv_m1_k2048"), (95, 100, "attention_tiles_hd64")]
+    # the attention kernel starts 5 ns before the GEMM ends (launched early): its own 30 count, not 35
+    assert pp.group_times(kernels, declared) == pytest.approx(
+        {"embedding": 10e-6, "gemm": 40e-6, "attention_hopper_hd64": 30e-6, "norms": 10e-6, "attention": 5e-6})
+
+
+def test_the_flops_of_a_prefill_are_the_gemms_rows_and_attention_s_causal_pairs():
+    c = PRESETS["llama-3.2-1b"]
+    f = pp.prefill_flops(c, 4)
+    per_row = 3072 * 2048 + 2048 * 2048 + 16384 * 2048 + 2048 * 8192
+    assert f["gemm"] == 2 * (16 * 4 * per_row + 128256 * 2048)
+    assert f["attention"] == 4 * 64 * 32 * (4 * 5 / 2) * 16          # 10 (query, key) pairs a head and layer
+
+
+def test_the_summary_shares_the_prefill_and_rates_the_gemms_and_attention():
+    c = PRESETS["llama-3.2-1b"]
+    kernels = [(0, 4_000_000, CUBLAS), (4_000_000, 10_000_000, "attention_hopper_hd64"),
+               (11_000_000, 12_000_000, "attention_tiles_hd64")]
+    s = pp.summarize(kernels, read_declaration(STAGE), c, 8192)
+    assert list(s["groups"]) == ["attention_hopper_hd64", "gemm", "attention"]        # the largest first
+    assert sum(g["share"] for g in s["groups"].values()) == pytest.approx(1.0)
+    assert s["groups"]["gemm"]["tflop_per_s"] == pytest.approx(pp.prefill_flops(c, 8192)["gemm"] / 4e9)
+    assert s["attention_ms"] == pytest.approx(7.0) and s["gaps_ms"] == pytest.approx(1.0)
+    assert s["attention_tflop_per_s"] == pytest.approx(pp.prefill_flops(c, 8192)["attention"] / 7e9)
+    p = {"stage": STAGE, "prompt_tokens": 8192, "max_num_batched_tokens": 2048, "steps": 4, "gpu": "a GPU",
+         "wall_ms": 13.0, **s}
+    table = pp.format_prefill(p)
+    assert "| attention_hopper_hd64 | 6.00 | 54.5% | - |" in table
+    assert "| attention, every kernel | 7.00 | 63.6% |" in table and "a budget of 2,048 rows a step (4 steps)" in table
+
+
+def test_two_prompts_share_no_block_of_16_so_the_second_is_prefilled_whole():
+    a, b = pp.prompt_of(64, 0), pp.prompt_of(64, 1)
+    assert len(a) == len(b) == 64 and a[0] == b[0] == 128000 and a[1:16] != b[1:16]
+
+
+@pytest.mark.parametrize("argv, says", [(["--stage", "99"], "no such stage"),
+                                        (["--stage", "02"], "has no step()"),
+                                        (["--stage", "12", "--prompt-tokens", "1"], "at least 2 tokens")])
+def test_the_command_line_refuses_in_one_line(capsys, argv, says):
+    assert pp.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err
