@@ -115,7 +115,7 @@ def kernel() -> str:
 
 def builds() -> str:
     lines = ["TFLOP/s of `attention_hopper.cu`'s builds by `bench_attention.py -k prefill`, a log folder's builds in "
-             "one run (the run: its GPU, month-day and UTC time):", "",
+             "one run\n(the run: its GPU, month-day and UTC time):", "",
              "| run | build | " + " | ".join(f"hd {hd}, {n // 1024}K" for hd in (64, 128) for n in LENGTHS) + " |",
              "|" + " --- |" * 8]
     for folder, runs in BUILDS:
