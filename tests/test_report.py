@@ -90,6 +90,31 @@ def test_a_complete_ladder_run_is_a_workload_s_only_source(tmp_path, monkeypatch
     assert "- ragged: the ladder run `c.json`" in report.table()
 
 
+
+def test_the_ladders_are_one_gpu_s(tmp_path, monkeypatch):
+    """The table's ladders all come from the GPU with ladder runs of the most workloads: a newer ladder of one
+    workload on another GPU does not replace that GPU's (its figures would sit in a column beside another
+    machine's); once the other GPU has ladders of as many workloads (a tie goes to the newest run's GPU), the
+    table is all its own."""
+    import json
+
+    def ladder(name, workload, gpu, time, value):
+        key = "output_tok_per_s" if workload == "ragged" else "prefill_tok_per_s_at_2048"
+        r = {"workload": {"name": workload}, "date": "2026-12-06", "time": time, "repeats": 3, "ladder": True,
+             "complete": True, "environment": {"gpu": gpu}, "stages": {"stage07_paged_attention": {key: value,
+                                                                                                 "spread": {}}}}
+        (tmp_path / name).write_text(json.dumps(r))
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    ladder("a.json", "ragged", "NVIDIA H200", "10:00:00", 1.0)
+    ladder("b.json", "long", "NVIDIA H200", "10:10:00", 2.0)
+    ladder("c.json", "long", "NVIDIA H100", "11:00:00", 3.0)
+    assert {w: e["stage07_paged_attention"][1] for w, e in report.newest().items()} == {"ragged": ["a.json"],
+                                                                                      "long": ["b.json"]}
+    ladder("d.json", "ragged", "NVIDIA H100", "11:10:00", 4.0)      # two workloads each: the newest run's GPU
+    assert {w: e["stage07_paged_attention"][1] for w, e in report.newest().items()} == {"ragged": ["d.json"],
+                                                                                      "long": ["c.json"]}
+
 def test_report_does_not_import_readme():
     """readme's cross-stage block is report's table, so readme imports report; report renders only that block of
     the README and imports nothing of readme (they imported each other, inside functions)."""

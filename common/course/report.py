@@ -5,12 +5,12 @@
 
 A workload that has a complete ladder run (`python -m common.bench --ladder`: every stage and its baselines in one
 run on one machine) takes all its figures from the newest one, and nothing else: the H200s differ by up to 1.4x
-from one machine or day to the next, so figures of separate runs do not compare. A workload with no ladder run
-yet falls back to the newest GPU result per engine and figure (by date and start time; a run cut off by its time
-limit keeps the figures it measured, and a later run of the lengths it missed fills in only those), and the
-table says so. The chart
-carries a digest of the figures it was drawn from in its PNG metadata, so --check needs no matplotlib and no
-pixel-exact redraw.
+from one machine or day to the next, so figures of separate runs do not compare. The ladders are one GPU's, the
+one with ladder runs of the most workloads (a ladder on another GPU waits until that GPU has more). A workload
+with no ladder run yet falls back to the newest GPU result per engine and figure (by date and start time; a run
+cut off by its time limit keeps the figures it measured, and a later run of the lengths it missed fills in only
+those), and the table says so. The chart carries a digest of the figures it was drawn from in its PNG metadata,
+so --check needs no matplotlib and no pixel-exact redraw.
 """
 from __future__ import annotations
 
@@ -44,8 +44,12 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
         # a run that gave every engine the same KV cache memory (--kv-cache-gib) is not a headline figure
         if isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu") and not r.get("kv_cache_gib"):
             files.append(((r["date"], "repeats" in r, r.get("time", ""), path.name), r, path.name))
-    ladder = {r["workload"]["name"]: name for _, r, name in sorted(files, key=lambda f: f[0])
-              if r.get("ladder") and r.get("complete") is not False}          # the newest complete one wins
+    ladders = [(r["environment"]["gpu"], r["workload"]["name"], name) for _, r, name in sorted(files)
+               if r.get("ladder") and r.get("complete") is not False]
+    # the table is one machine's: the GPU with ladder runs of the most workloads (ties: the newest run's)
+    workloads = {gpu: len({w for g, w, _ in ladders if g == gpu}) for gpu, _, _ in ladders}
+    gpu = max(reversed(list(workloads)), key=workloads.get, default=None)
+    ladder = {w: name for g, w, name in ladders if g == gpu}            # the newest complete one wins
     out: dict[str, dict[str, tuple[dict, list[str]]]] = {}
     for _, r, name in sorted(files, key=lambda f: f[0]):
         if ladder.get(r["workload"]["name"], name) != name:
