@@ -7,15 +7,17 @@ point of its day); the tables label such a column "before the split" and name th
 and says which tree it ran. A table whose figures would come from this stage's own tree says, in generated text,
 whether that tree has been measured yet and which command measures it.
 
-  profile-before   a batch-1 decode step of the previous stage's kernels, group by group against its floor, on the
-                   GPU of this stage's first profile (until that stage is profiled there: the first profile of the
-                   tree with graphs, before any kernel fix)
-  kernel-history   every committed batch-1 profile of this stage's code with graphs on the newest one's GPU: one
-                   column a run (first, the previous stage's newest on that GPU, where there is one), each kernel
-                   group's time on the critical path against its floor
-  gemv-kinds       bench_gemv.py's newest full run: every gemv.cu kind alone at the 1B's layer shapes, its floor
-  gemv-boundaries  bench_gemv.py's newest one-launch run: a kind over a GEMM's 16 layers in 16 launches and in
-                   one, the difference what a kernel boundary costs
+  kernel-history   every committed batch-1 profile of this stage's code with graphs on the chapter's GPU (that of
+                   this stage's first profile, where its story was measured): one column a run (first, the previous
+                   stage's newest on that GPU, where there is one), each kernel group's time on the critical path
+                   against its floor
+  profile-pair     the newest run that profiled this stage and the previous one at batch 1 on one GPU: group by
+                   group, each against its floor
+  gemv-kinds       bench_gemv.py's newest full run on the chapter's GPU: every gemv.cu kind alone at the 1B's layer
+                   shapes, its floor
+  gemv-folded      bench_gemv.py's newest run of the kinds with a norm, with g and with g folded into W
+  gemv-boundaries  bench_gemv.py's newest one-launch run on the chapter's GPU: a kind over a GEMM's 16 layers in 16
+                   launches and in one, the difference what a kernel boundary costs
   step-split       bench_batch.py's test_decode_step_split: a decode step's wall time, its replay's GPU time,
                    the loop's host time and the floor
   harness          the newest harness runs (not the ladders) of `latency`, `batch` and `ragged` that hold this
@@ -25,6 +27,7 @@ whether that tree has been measured yet and which command measures it.
 from __future__ import annotations
 
 import functools
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from common.course import results
@@ -95,48 +98,56 @@ def _by_gpu(runs: list, gpu) -> dict[str, list]:
     return groups
 
 
-def profile_before() -> str:
-    """A batch-1 step of the previous stage's kernels, group by group: its newest profile on the GPU of this stage's
-    first (where the chapter's story was measured), or until it has one there, the first profile of the tree this
-    stage was cut from with graphs, taken before any kernel of its own existed. Each group's share of the step
-    shows where the time went; its floor, what it must at least take."""
-    previous = _previous_profiles(_profiles(1)[0][1]["gpu"])
-    name, p = previous[-1] if previous else _profiles(1)[0]
-    what = f"`{PREVIOUS}`" if previous else "the tree this stage was cut from, with graphs and no kernel of its own yet"
-    total = p.get("exposed_us", p["busy_us"])
-    lines = [f"Batch 1, {p['cache_length']} cached positions, {p['gpu']}, {p['date'][:10]} {p['date'][11:16]}, "
-             f"{what} ({_log_folder(name)}); us a decode step, the median of {p['steps']} steps, floors at the "
-             f"{p['copy_gb_per_s']:,.0f} GB/s copy bandwidth measured in the same run:", "",
-             "| kernels | floor | time | times the floor | share of the step |", "|" + " --- |" * 5]
-    for group in ORDER:
-        g = p["groups"].get(group)
-        if g and g["us"]:
-            ratio = f"{g['us'] / g['floor_us']:.1f}x" if g["floor_us"] >= 1 else "-"   # under 1 us: fixed cost
-            lines.append(f"| {group} | {g['floor_us']:.1f} | {g['us']:.1f} | {ratio} | {g['us'] / total:.0%} |")
-    lines.append(f"| **all kernels** | {p['floor_us']:.1f} | {total:.0f} | {total / p['floor_us']:.1f}x | |")
-    lines.append(f"| GPU span, first kernel start to last end | | {p['span_us']:.0f} | | |")
-    if not previous:
-        lines += ["", _not_measured(f"`{PREVIOUS}` itself (the same kernels, and the same step on the GPU)",
-                                    f"PROFILE_RUNS={PREV_NN}:1 bash scripts/gpu_check.sh LOGS profile")]
-    return "\n".join(lines)
-
-
 def _previous_profiles(gpu: str) -> list[tuple[str, dict]]:
     """The previous stage's batch-1 profiles on `gpu`, oldest first."""
     return [nq for nq in _loaded(f"*_profile-{PREV_NN}-b1_*.json") if nq[1]["stage"] == PREVIOUS and nq[1]["gpu"] == gpu]
 
 
+def _chapter_gpu() -> str:
+    """The GPU of this stage's first batch-1 profile: where the chapter's story was measured."""
+    return _profiles(1)[0][1]["gpu"]
+
+
 def kernel_history() -> str:
-    """Every batch-1 profile with graphs on the GPU of the newest (floors and times are the GPU's own; other GPUs'
-    runs stay in their log folders), a column a run, oldest first, each labelled by its time and keyed to its log
-    folder below the table; a group a run does not have (rope and kv_write once fused) is '-'."""
-    newest = _profiles(1)[-1][1]["gpu"]
+    """Every batch-1 profile with graphs on the chapter's GPU (floors and times are the GPU's own; other GPUs'
+    runs are profile-pair's or stay in their log folders), a column a run, oldest first, each labelled by its time
+    and keyed to its log folder below the table; a group a run does not have (rope and kv_write once fused) is '-'."""
     tables = [_history_table(_previous_profiles(gpu)[-1:] + named)
-              for gpu, named in _by_gpu(_profiles(1), lambda np_: np_[1]["gpu"]).items() if gpu == newest]
+              for gpu, named in _by_gpu(_profiles(1), lambda np_: np_[1]["gpu"]).items() if gpu == _chapter_gpu()]
     if all(_before_split(p) for _, p in _profiles(1)):
         tables.append(_not_measured(f"`{STAGE}`'s own tree", f"PROFILE_RUNS='{NN}:1 {NN}:64' bash "
                                                             "scripts/gpu_check.sh LOGS profile"))
     return "\n\n".join(tables)
+
+
+def profile_pair() -> str:
+    """The newest run that profiled the previous stage and this one at batch 1 on one GPU (started within ten
+    minutes of each other): each kernel group's time against its floor, side by side, and what changed."""
+    pairs = [(prev, this) for this in _profiles(1) for prev in _previous_profiles(this[1]["gpu"])
+             if abs(_when(this[1]) - _when(prev[1])) <= timedelta(minutes=10)]
+    if not pairs:
+        return _not_measured(f"`{PREVIOUS}` beside this stage in one run",
+                             f"PROFILE_RUNS='{PREV_NN}:1 {NN}:1' bash scripts/gpu_check.sh LOGS profile")
+    (n0, p0), (n1, p1) = pairs[-1]
+    lines = [f"Batch 1, {p1['cache_length']} cached positions, {p1['gpu']}, {p1['date'][:10]} {p1['date'][11:16]} "
+             f"({_log_folder(n1)}): us a decode step on the critical path, the median of {p1['steps']} steps; floors "
+             f"at the {p1['copy_gb_per_s']:,.0f} GB/s copy bandwidth measured in the same run:", "",
+             f"| kernels | floor | `{PREVIOUS}` | `{STAGE}` | change |", "|" + " --- |" * 5]
+    for group in ORDER:
+        g0, g1 = p0["groups"].get(group), p1["groups"].get(group)
+        if (g0 and g0["us"]) or (g1 and g1["us"]):
+            floor = (g1 if g1 and g1["us"] else g0)["floor_us"]
+            change = (g1["us"] if g1 else 0.0) - (g0["us"] if g0 else 0.0)
+            lines.append(f"| {group} | {floor:.1f} | {_cell(g0)} | {_cell(g1)} | {change:+.1f} |")
+    t0, t1 = (p.get("exposed_us", p["busy_us"]) for p in (p0, p1))
+    lines.append(f"| **all kernels, on the critical path** | {p1['floor_us']:.1f} | "
+                 f"{t0:.0f} ({t0 / p0['floor_us']:.2f}x) | {t1:.0f} ({t1 / p1['floor_us']:.2f}x) | {t1 - t0:+.0f} |")
+    lines.append(f"| kernels a step | | {p0['kernels_per_step']:.0f} | {p1['kernels_per_step']:.0f} | |")
+    return "\n".join(lines)
+
+
+def _when(profile: dict) -> datetime:
+    return datetime.fromisoformat(profile["date"][:19])
 
 
 def _through_gemv(p: dict) -> list:
@@ -165,10 +176,6 @@ def _history_table(named: list[tuple[str, dict]]) -> str:
     lines.append("| GEMMs through gemv.cu (M x N x K) | | " + " | ".join(
         ", ".join("x".join(map(str, s)) for s in _through_gemv(p)) or "none" if "gemv_shapes" in p
         else "not recorded" for p in runs) + " |")
-    if any("cublaslt_shapes" in p for p in runs):
-        lines.append("| GEMMs through a timed cuBLASLt algorithm | | " + " | ".join(
-            ", ".join(p["cublaslt_shapes"]) or "none" if "cublaslt_shapes" in p else "not recorded" for p in runs)
-            + " |")
     lines += ["", "The runs' log folders: " + "; ".join(f"{label} {_log_folder(n)}" for label, (n, _) in
                                                      zip(labels, named)) + "."]
     return "\n".join(lines)
@@ -179,8 +186,13 @@ def _gemv_rows(run: dict) -> list[dict]:
     return [b["extra_info"] for b in run["benchmarks"] if b["name"].startswith("test_gemv")]
 
 
+def _gpu_of(name: str) -> str:
+    """The GPU a pytest-benchmark result ran on, from its file name."""
+    return name.split("_")[0].replace("-", " ")
+
+
 def _caption(name: str, run: dict) -> str:
-    gpu = name.split("_")[0].replace("-", " ")
+    gpu = _gpu_of(name)
     return f"on {gpu} by `bench_gemv.py`, {run['datetime'][:10]} {run['datetime'][11:16]} ({_log_folder(name)})"
 
 
@@ -195,14 +207,16 @@ def gemv_kinds() -> str:
                 sizes.setdefault((e["gemm"], e["kind"]), set()).add(e["rows"])
         return bool(sizes) and all(m >= {1, 2, 4, 8} for m in sizes.values())
 
-    runs = [nr for nr in _loaded("*_pytest-bench-gemv10.json") if full(nr[1])]
+    runs = [nr for nr in _loaded("*_pytest-bench-gemv10.json") if full(nr[1]) and _gpu_of(nr[0]) == _chapter_gpu()]
     if not runs:
         return _not_measured("gemv.cu's kinds alone", "bash scripts/gpu_check.sh LOGS bench10-gemv")
     name, run = runs[-1]
     cells: dict[tuple[str, str], dict[int, dict]] = {}
     for e in _gemv_rows(run):
         if e.get("launches", 16) > 1:
-            cells.setdefault((e["gemm"], f"`{e['kind']}`"), {})[e["rows"]] = e
+            kind, *how = e["kind"].split(", ")                         # "gemv_norm, g in W": g folded into W
+            if not how:                                  # the folded kinds: gemv_folded's table
+                cells.setdefault((e["gemm"], f"`{kind}`"), {})[e["rows"]] = e
     sizes = sorted({m for row in cells.values() for m in row})
     lines = [f"us a layer (times its floor) {_caption(name, run)}:", "",
              "| GEMM | kind | floor | " + " | ".join(f"M = {m}" for m in sizes) + " |",
@@ -214,11 +228,35 @@ def gemv_kinds() -> str:
     return "\n".join(lines)
 
 
+def gemv_folded() -> str:
+    """bench_gemv.py's newest run of the paired kinds (those a fused step launches) twice, g scaled in the stream and
+    g folded into W at load time ("g in W"): us a layer at each M."""
+    runs = [nr for nr in _loaded("*_pytest-bench-gemv10.json") if any(", " in e["kind"] for e in _gemv_rows(nr[1]))]
+    if not runs:
+        return _not_measured("the norm's weight folded into W", "bash scripts/gpu_check.sh LOGS bench10-gemv")
+    name, run = runs[-1]
+    rows = {(e["gemm"], e["kind"], e["rows"]): e for e in _gemv_rows(run) if e.get("launches", 16) > 1}
+    sizes = sorted({m for _, _, m in rows})
+    lines = [f"us a layer, g in the stream -> g in W {_caption(name, run)}:", "",
+             "| GEMM | kind | floor | " + " | ".join(f"M = {m}" for m in sizes) + " |",
+             "|" + " --- |" * (len(sizes) + 3)]
+    for gemm, kind, _ in dict.fromkeys((g, k.split(", ")[0], 0) for g, k, _ in rows if ", " in k):
+        if kind == "gemv_norm":                          # the norm alone: the engine launches the paired kinds
+            continue
+        cells = []
+        for m in sizes:
+            plain, folded = rows.get((gemm, kind, m)), rows.get((gemm, f"{kind}, g in W", m))
+            cells.append(f"{plain['us_per_layer']:.1f} -> {folded['us_per_layer']:.1f}" if plain and folded else "-")
+        floor = next(e["floor_us"] for (g, _, _), e in rows.items() if g == gemm)
+        lines.append(f"| {gemm} | `{kind}` | {floor:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def gemv_boundaries() -> str:
     """bench_gemv.py's newest run of test_gemv_one_launch: a kind over a GEMM's 16 layers as 16 launches and as one
     launch of the layers stacked, in the same run; the difference is what a kernel boundary costs."""
     runs = [nr for nr in _loaded("*_pytest-bench-gemv10.json")
-            if any(e.get("launches") == 1 for e in _gemv_rows(nr[1]))]
+            if any(e.get("launches") == 1 for e in _gemv_rows(nr[1])) and _gpu_of(nr[0]) == _chapter_gpu()]
     if not runs:
         return _not_measured("a kernel boundary's cost", "bash scripts/gpu_check.sh LOGS bench10-gemv")
     name, run = runs[-1]
@@ -327,5 +365,6 @@ def harness() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"profile-before": profile_before, "kernel-history": kernel_history, "gemv-kinds": gemv_kinds,
-              "gemv-boundaries": gemv_boundaries, "step-split": step_split, "harness": harness}
+GENERATORS = {"kernel-history": kernel_history, "profile-pair": profile_pair,
+              "gemv-kinds": gemv_kinds, "gemv-folded": gemv_folded, "gemv-boundaries": gemv_boundaries,
+              "step-split": step_split, "harness": harness}
