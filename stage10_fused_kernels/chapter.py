@@ -130,8 +130,9 @@ def profile_pair() -> str:
                              f"PROFILE_RUNS='{PREV_NN}:1 {NN}:1' bash scripts/gpu_check.sh LOGS profile")
     (n0, p0), (n1, p1) = pairs[-1]
     lines = [f"Batch 1, {p1['cache_length']} cached positions, {p1['gpu']}, {p1['date'][:10]} {p1['date'][11:16]} "
-             f"({_log_folder(n1)}): us a decode step on the critical path, the median of {p1['steps']} steps; floors "
-             f"at the {p1['copy_gb_per_s']:,.0f} GB/s copy bandwidth measured in the same run:", "",
+             f"({_log_folder(n1)}): us a decode step on the critical path, the median of {p1['steps']} steps; the floor "
+             f"column at this stage's {p1['copy_gb_per_s']:,.0f} GB/s copy bandwidth, each time against its own run's "
+             f"floor ({PREV_NN}: {p0['copy_gb_per_s']:,.0f} GB/s):", "",
              f"| kernels | floor | `{PREVIOUS}` | `{STAGE}` | change |", "|" + " --- |" * 5]
     for group in ORDER:
         g0, g1 = p0["groups"].get(group), p1["groups"].get(group)
