@@ -114,6 +114,9 @@ def test_the_ladders_are_one_gpu_s(tmp_path, monkeypatch):
     ladder("d.json", "ragged", "NVIDIA H100", "11:10:00", 4.0)      # two workloads each: the newest run's GPU
     assert {w: e["stage07_paged_attention"][1] for w, e in report.newest().items()} == {"ragged": ["d.json"],
                                                                                       "long": ["c.json"]}
+    ladder("e.json", "ragged", "NVIDIA H200", "12:00:00", 5.0)      # still two each; the newest run is the H200's
+    assert {w: e["stage07_paged_attention"][1] for w, e in report.newest().items()} == {"ragged": ["e.json"],
+                                                                                      "long": ["b.json"]}
 
 def test_report_does_not_import_readme():
     """readme's cross-stage block is report's table, so readme imports report; report renders only that block of

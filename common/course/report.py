@@ -48,7 +48,8 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
                if r.get("ladder") and r.get("complete") is not False]
     # the table is one machine's: the GPU with ladder runs of the most workloads (ties: the newest run's)
     workloads = {gpu: len({w for g, w, _ in ladders if g == gpu}) for gpu, _, _ in ladders}
-    gpu = max(reversed(list(workloads)), key=workloads.get, default=None)
+    newest = {gpu: i for i, (gpu, _, _) in enumerate(ladders)}        # each GPU's newest ladder run, in order
+    gpu = max(workloads, key=lambda g: (workloads[g], newest[g]), default=None)
     ladder = {w: name for g, w, name in ladders if g == gpu}            # the newest complete one wins
     out: dict[str, dict[str, tuple[dict, list[str]]]] = {}
     for _, r, name in sorted(files, key=lambda f: f[0]):
