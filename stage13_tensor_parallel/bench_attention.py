@@ -12,6 +12,8 @@ sequence's blocks at shuffled places of the pool, block sizes 8, 16 (the default
            4), through attention_hopper (wgmma, TMA; 192 M-rows a tile at head_dim 64, 128 at 128) and
            attention_tiles (mma.sync; 64): GPU time per layer and achieved TFLOP/s (4 hd flops per (query, key,
            head) pair under the causal mask: QK^T and PV)
+  chunk    one 2,048-row chunk 30,720 positions into a prompt (`long`'s last chunks at 32K), through
+           attention_hopper with the launch's last-wave tiles whole and split by keys (packing.split_tail)
 GPU time is from events around 20 launches queued while a spin kernel holds the GPU (common.bench.measure's
 gpu_and_host_ms), so they run back to back and the host's launch cost is not in the figures: they are the
 kernels'. (Without the hold, a kernel shorter than the host's time to queue it would time the host.)
@@ -24,8 +26,8 @@ from common.bf16 import f32_to_bf16
 from common.device import get_gpu
 from common.bench.measure import gpu_and_host_ms
 
-from .kernels import Kernels, decode_split, tile_rows
-from .packing import plan_attention
+from .kernels import HOPPER_TILE_N, Kernels, decode_split, hopper_partial_floats, tile_rows
+from .packing import plan_attention, split_tail, whole_pieces
 
 pytestmark = pytest.mark.gpu
 NH, NKV, HD = 32, 8, 64
@@ -131,12 +133,53 @@ def test_prefill_attention(benchmark, kernels, length, hd, kernel):
     tiles = gpu.to_device(prompt)
     if kernel == "hopper":
         maps = kv_tensor_maps(gpu, SimpleNamespace(k=[k_cache], v=[v_cache]))
-        ms = timed(benchmark, gpu, lambda: kernels.attention_hopper(qkv, out, maps, tiles, tables, nh, nkv, hd,
-                                                                    block_size))
+        launch = hopper_launch(kernels, qkv, out, maps, tables, split_tail(prompt, HOPPER_TILE_N[hd], nkv,
+                                                                           kernels.sms), nh, nkv, hd, block_size)
+        ms = timed(benchmark, gpu, launch)
     else:
         partial, arrivals = gpu.empty((1,), "f32"), gpu.empty((1,), "i32")
         ms = timed(benchmark, gpu, lambda: kernels.attention(qkv, k_cache, v_cache, out, partial, arrivals, tiles,
                                                              tables, nh, nkv, hd))
     flops = 4 * hd * nh * length * (length + 1) / 2
     benchmark.extra_info.update(kernel=kernel, head_dim=hd, block_size=block_size, prompt_tokens=length,
+                                ms_per_layer=round(ms, 3), tflop_per_s=round(flops / ms / 1e9, 1))
+
+
+def hopper_launch(kernels, qkv, out, maps, tables, pieces_parts, nh, nkv, hd, block_size):
+    """A function that launches attention_hopper over (pieces, parts) from split_tail(), with their records."""
+    pieces, parts = pieces_parts
+    gpu, slots = kernels.gpu, max(1, int(pieces[:, 6].max()) + 1)
+    partial = gpu.empty((hopper_partial_floats(slots, nkv, hd),), "f32")
+    arrivals = gpu.to_device(np.zeros(slots * nkv, np.int32))
+    on_device = gpu.to_device(pieces)
+    return lambda: kernels.attention_hopper(qkv, out, maps, on_device, tables, nh, nkv, hd, block_size, parts,
+                                            partial, arrivals)
+
+
+@pytest.mark.parametrize("tail", ["whole", "split"])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_prefill_chunk_attention(benchmark, kernels, hd, tail):
+    """A 2,048-row chunk at position 30,720 (as `long`'s 32K prompt's late chunks): 43 tiles x 8 K/V heads at head_dim
+    64, 344 blocks, 2.6 waves of 132 SMs; with the last wave's tiles whole, and split by keys where split_tail does."""
+    from types import SimpleNamespace
+
+    from .kernels import HOPPER_TILE_M
+    from .tma import kv_tensor_maps
+
+    gpu, rng, block_size, first, rows_n = kernels.gpu, np.random.default_rng(0), 16, 30720, 2048
+    if not kernels.hopper_prefill(hd, block_size):
+        pytest.skip(f"no attention_hopper on {gpu.name} (sm_90 only)")
+    nh, nkv = NH * HD // hd, NKV * HD // hd
+    length = first + rows_n
+    qkv = random_bf16(gpu, (rows_n, (nh + 2 * nkv) * hd), rng)
+    k_cache, v_cache, tables = paged(gpu, rng, 1, length, block_size, nkv, hd)
+    out = gpu.empty((rows_n, nh * hd), "bf16")
+    prompt, _ = plan_attention(np.array([[0, rows_n, 0, first]], np.int32), HOPPER_TILE_M[hd] // (nh // nkv))
+    tile_n = HOPPER_TILE_N[hd]
+    pieces = split_tail(prompt, tile_n, nkv, kernels.sms) if tail == "split" else (whole_pieces(prompt, tile_n), 1)
+    maps = kv_tensor_maps(gpu, SimpleNamespace(k=[k_cache], v=[v_cache]))
+    ms = timed(benchmark, gpu, hopper_launch(kernels, qkv, out, maps, tables, pieces, nh, nkv, hd, block_size))
+    flops = 4 * hd * nh * rows_n * (first + (rows_n + 1) / 2)
+    benchmark.extra_info.update(kernel="hopper", head_dim=hd, block_size=block_size, chunk_rows=rows_n,
+                                first_position=first, tail=tail, parts=pieces[1], blocks=len(pieces[0]) * nkv,
                                 ms_per_layer=round(ms, 3), tflop_per_s=round(flops / ms / 1e9, 1))

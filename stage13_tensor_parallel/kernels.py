@@ -27,6 +27,7 @@ HOPPER_TILE_M = {64: 192, 128: 128}   # attention_hopper.cu's TILE_M for each he
 HOPPER_TILE_N = {64: 128, 128: 64}   # its keys a K/V tile for each head_dim
 HOPPER_STAGES = {64: 2, 128: 3}   # its STAGES for each head_dim: K/V tiles in shared memory at once
 MAX_GRID_Y = 65535       # a launch's most blocks in y: attention_hopper's prompt tiles
+MAX_PARTS = 4            # the most pieces attention_hopper splits a prompt tile into (packing.split_tail)
 MAX_SPLITS = 32          # flash-decoding: the most blocks one row's keys are split over (a lane each in
 #                          split_combine.cuh's merge: at most the warp size)
 MIN_KEYS_PER_SPLIT = 64   # one 64-key tile a split: at batch 1 over 256 keys, 4 splits took 6.5 us a layer
@@ -46,6 +47,12 @@ def tile_rows(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
     """Query rows a tensor-core tile holds (64 / G for G query heads per K/V head), or 0 where head_dim has no
     tensor-core kernel (every row then goes alone through attention_rows.cu)."""
     return TILE_M // (n_heads // n_kv_heads) if head_dim in TENSOR_CORE_HEAD_DIMS else 0
+
+
+def hopper_partial_floats(slots: int, n_kv_heads: int, head_dim: int) -> int:
+    """attention_hopper.cu's records of split tiles: a (slot, K/V head, part) holds every consumer thread's piece of
+    O (hd / 2 floats a thread) and its two rows' m and l."""
+    return slots * n_kv_heads * MAX_PARTS * (head_dim // 2 + 4) * 2 * HOPPER_TILE_M[head_dim]
 
 
 def hopper_shared_bytes(head_dim: int) -> int:
@@ -274,28 +281,38 @@ class Kernels:
         least tma.MIN_BLOCK_SIZE positions."""
         return head_dim in self._attention_hopper and block_size >= MIN_BLOCK_SIZE
 
-    def attention_hopper(self, qkv: DeviceArray, out: DeviceArray, kv_maps: DeviceArray, tiles: DeviceArray,
-                         block_tables: DeviceArray, n_heads: int, n_kv_heads: int, head_dim: int,
-                         block_size: int) -> None:
-        """Causal GQA attention of prompt tiles on Hopper's pipeline (attention_hopper.cu): tiles (n, 4) i32 = first
-        row, rows (at most HOPPER_TILE_M[head_dim] / G), seq_slot, first position, from plan_attention(); kv_maps
-        (2, 16) u64, the layer's K and V tensor maps (tma.py) over a cache of `block_size` positions a block, read
-        through block_tables (B, W) i32; qkv (R, stride) bf16 (queries = the first nh heads), out (R, nh hd) bf16 (the
-        tiles' rows written). Only where hopper_prefill() says so."""
+    def attention_hopper(self, qkv: DeviceArray, out: DeviceArray, kv_maps: DeviceArray, pieces: DeviceArray,
+                         block_tables: DeviceArray, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int,
+                         parts: int = 1, partial: DeviceArray | None = None,
+                         arrivals: DeviceArray | None = None) -> None:
+        """Causal GQA attention of prompt tiles on Hopper's pipeline (attention_hopper.cu): pieces (n, 8) i32 from
+        packing.split_tail() = first row, rows (at most HOPPER_TILE_M[head_dim] / G), seq_slot, first position, first
+        and end key tile, merge slot (-1: a whole tile), part; kv_maps (2, 16) u64, the layer's K and V tensor maps
+        (tma.py) over a cache of `block_size` positions a block, read through block_tables (B, W) i32; qkv (R, stride)
+        bf16 (queries = the first nh heads), out (R, nh hd) bf16 (the tiles' rows written). Where a tile is split
+        into `parts` pieces (parts > 1): partial, f32 of at least hopper_partial_floats(slots, nkv, hd) for the
+        pieces' slots, and arrivals, i32 of slots x nkv that must hold zeros (the last piece of a tile leaves them
+        so). Only where hopper_prefill() says so."""
         R, stride = qkv.shape
-        n = tiles.shape[0]
+        n = pieces.shape[0]
+        slots = int(arrivals.size // n_kv_heads) if arrivals is not None else 0
         _expect("attention_hopper", self.hopper_prefill(head_dim, block_size) and qkv.dtype == out.dtype == "bf16"
-                and tiles.dtype == "i32" and tiles.shape == (n, 4) and 0 < n <= R and kv_maps.dtype == "u64"
-                and kv_maps.shape == (2, 16) and block_tables.dtype == "i32" and len(block_tables.shape) == 2
-                and block_size & (block_size - 1) == 0 and out.shape == (R, n_heads * head_dim)
-                and stride >= n_heads * head_dim and stride % 2 == 0 and n_heads % n_kv_heads == 0
-                and n_heads // n_kv_heads <= ATTENTION_MAX_GROUP and n <= MAX_GRID_Y, qkv, out, kv_maps, tiles,
-                block_tables)
+                and pieces.dtype == "i32" and pieces.shape == (n, 8) and 0 < n <= MAX_GRID_Y
+                and kv_maps.dtype == "u64" and kv_maps.shape == (2, 16) and block_tables.dtype == "i32"
+                and len(block_tables.shape) == 2 and block_size & (block_size - 1) == 0
+                and out.shape == (R, n_heads * head_dim) and stride >= n_heads * head_dim and stride % 2 == 0
+                and n_heads % n_kv_heads == 0 and n_heads // n_kv_heads <= ATTENTION_MAX_GROUP
+                and 1 <= parts <= MAX_PARTS and (parts == 1 or (
+                    partial is not None and arrivals is not None and partial.dtype == "f32"
+                    and arrivals.dtype == "i32" and slots > 0
+                    and partial.size >= hopper_partial_floats(slots, n_kv_heads, head_dim))),
+                qkv, out, kv_maps, pieces, block_tables)
         threads = 2 * HOPPER_TILE_M[head_dim] + (128 if head_dim == 64 else 32)   # consumers, then the producer
         config = self._config("attention_hopper", (n_kv_heads, n), threads, hopper_shared_bytes(head_dim))
-        self.gpu.launch(self._attention_hopper[head_dim], config, qkv.arg, out.arg, kv_maps.arg, tiles.arg,
+        self.gpu.launch(self._attention_hopper[head_dim], config, qkv.arg, out.arg, kv_maps.arg, pieces.arg,
                         block_tables.arg, *map(np.int32, (block_tables.shape[1], block_size.bit_length() - 1,
-                                                          n_heads, n_kv_heads, stride)))
+                                                          n_heads, n_kv_heads, stride)),
+                        _arg(partial), _arg(arrivals), np.int32(parts))
 
     def gemv(self, x: DeviceArray, w: DeviceArray, y: DeviceArray, column_warps: int | None = None,
              norm: tuple[DeviceArray, float] | None = None, silu: bool = False, residual: bool = False,

@@ -63,8 +63,9 @@ from common.rope import rope_cos_sin
 
 from .block_manager import blocks_for
 from .cache import KVCache
-from .kernels import ATTENTION_MAX_GROUP, GEMV_MAX_ROWS, HOPPER_TILE_M, Kernels, decode_split, tile_rows
-from .packing import StepInputs, plan_attention
+from .kernels import (ATTENTION_MAX_GROUP, GEMV_MAX_ROWS, HOPPER_TILE_M, HOPPER_TILE_N, MAX_PARTS, Kernels,
+                      decode_split, hopper_partial_floats, tile_rows)
+from .packing import StepInputs, plan_attention, split_tail
 from .tma import kv_tensor_maps
 from .weights import GpuWeights
 
@@ -101,9 +102,14 @@ class Model:
         self.block_tables = gpu.empty((B, W), "i32")        # seq_slot b's blocks, in position order
         gpu.fill_bytes(self.block_tables, 0)                # block 0 until written: never a read outside the pool
         # ---- every activation, allocated once for R rows (shapes per row)
-        self.inputs = gpu.empty((15 * R + 1,), "i32")       # one step's tokens | positions | slot_mapping (R
+        # the most prompt tiles a Hopper launch splits (those of its last wave: fewer blocks than SMs), and the
+        # pieces that adds (packing.split_tail)
+        self.split_slots = -(-kernels.sms // nkv)
+        extra = 8 * (MAX_PARTS - 1) * self.split_slots
+        self.inputs = gpu.empty((19 * R + 1 + extra,), "i32")   # one step's tokens | positions | slot_mapping (R
         #               each) | logit rows | their seq_slots | counters (n <= R each) | the decode split's keys
-        #               per split | prompt tiles | decode tiles (4 numbers each, <= R tiles in all) | block-table
+        #               per split | prompt tiles (4 numbers each; on Hopper pieces of 8, `extra` more) | decode
+        #               tiles (4 numbers each, <= R tiles in all) | block-table
         #               updates (2 numbers each, < 2 R: a chunk of n rows brings at most n / BS + 1 blocks) |
         #               prev_rows (R, where any), in one copy (a captured decode graph reads its own layout of
         #               it: graphs.py)
@@ -112,6 +118,10 @@ class Model:
         # row alone)
         self.hopper = kernels.hopper_prefill(hd, block_size)
         self.tile_rows = HOPPER_TILE_M[hd] // (nh // nkv) if self.hopper else tile_rows(nh, nkv, hd)
+        if self.hopper:                                     # the records of split prompt tiles (attention_hopper.cu)
+            self.hopper_partial = gpu.empty((hopper_partial_floats(self.split_slots, nkv, hd),), "f32")
+            self.hopper_arrivals = gpu.empty((self.split_slots * nkv,), "i32")
+            gpu.fill_bytes(self.hopper_arrivals, 0)         # zero between launches
         self.kv_maps: DeviceArray | None = None             # the cache's TMA tensor maps, with the cache, and
         self.layer_maps: list[DeviceArray] = []             # each layer's two of them (K, V), viewed once
         self.partial_rows = PARTIAL_ROWS_PER_SEQ * B        # flash-decoding's (decode tile, split) pairs, at most
@@ -257,6 +267,10 @@ class Model:
         self.upload_params()
         R, n = step.num_rows, len(step.logit_rows)
         prompt, decode = plan_attention(step.spans, self.tile_rows)
+        parts = 1
+        if self.hopper and len(prompt):                   # the last wave's tiles split by keys, where that pays
+            hd, nkv = self.config.head_dim, self.config.num_key_value_heads
+            prompt, parts = split_tail(prompt, HOPPER_TILE_N[hd], nkv, self.kernels.sms)
         n_splits, per_split = (decode_split(len(decode), int(decode[:, 3].max()) + 1, self.config.num_key_value_heads,
                                             self.kernels.sms, self.partial_rows) if len(decode) else (1, 0))
         updates, prev = step.table_updates, step.prev_rows
@@ -267,11 +281,12 @@ class Model:
         at, np_, nd, nu = self.inputs.view, len(prompt), len(decode), len(updates)
         self.logit_seq_slots = at(4 * (3 * R + n), (n,))
         self.counters = at(4 * (3 * R + 2 * n), (n,))
-        end = 4 * (3 * R + 3 * n + 1)
+        end, width = 4 * (3 * R + 3 * n + 1), prompt.shape[1]   # a prompt tile's numbers: 4, or a piece's 8
+        tiles_end = end + 4 * width * np_ + 16 * nd
         return (at(0, (R,)), at(4 * R, (R,)), at(8 * R, (R,)), at(12 * R, (n,)),
-                at(end, (np_, 4)) if np_ else None, at(end + 16 * np_, (nd, 4)) if nd else None,
-                (n_splits, at(end - 4, (1,))), at(end + 16 * (np_ + nd), (nu, 2)) if nu else None,
-                at(end + 16 * (np_ + nd) + 8 * nu, (R,)) if prev is not None else None)
+                (at(end, (np_, width)), parts) if np_ else None, at(end + 4 * width * np_, (nd, 4)) if nd else None,
+                (n_splits, at(end - 4, (1,))), at(tiles_end, (nu, 2)) if nu else None,
+                at(tiles_end + 8 * nu, (R,)) if prev is not None else None)
 
     def forward(self, step: StepInputs, logits: DeviceArray | None = None) -> DeviceArray:
         """Upload the step's inputs and run it (see run_uploaded())."""
@@ -299,10 +314,11 @@ class Model:
             self.project_qkv(i, R, fused, (positions, slot_mapping))
             k_cache, v_cache = self.cache.layer(i)
             if prompt_tiles is not None and self.hopper:
-                k.attention_hopper(qkv, attn, self.layer_maps[i], prompt_tiles, self.block_tables, nh, nkv, hd,
-                                   self.block_size)
+                pieces, parts = prompt_tiles
+                k.attention_hopper(qkv, attn, self.layer_maps[i], pieces, self.block_tables, nh, nkv, hd,
+                                   self.block_size, parts, self.hopper_partial, self.hopper_arrivals)
             elif prompt_tiles is not None:
-                k.attention(qkv, k_cache, v_cache, attn, self.partial, self.arrivals, prompt_tiles,
+                k.attention(qkv, k_cache, v_cache, attn, self.partial, self.arrivals, prompt_tiles[0],
                             self.block_tables, nh, nkv, hd)
             if decode_tiles is not None:
                 k.attention(qkv, k_cache, v_cache, attn, self.partial, self.arrivals, decode_tiles,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .block_manager import blocks_for
+from .kernels import MAX_PARTS
 
 if TYPE_CHECKING:                      # the scheduler's batch packs through StepInputs: no import at run time
     from .scheduler import SchedulerOutput
@@ -129,3 +130,59 @@ def plan_attention(spans: np.ndarray, tile_rows: int) -> tuple[np.ndarray, np.nd
     tiles = np.stack([c[:, 0] + offset, np.minimum(tile_rows, c[:, 1] - offset), c[:, 2], c[:, 3] + offset], 1)
     tiles = tiles[np.argsort(-(tiles[:, 3] + tiles[:, 1]), kind="stable")]   # keys to read: last position + 1
     return tiles.astype(np.int32).reshape(-1, 4), spans[spans[:, 1] == 1].astype(np.int32).reshape(-1, 4)
+
+
+TAIL_SHARE = 0.25      # split the last wave's tiles only where one takes at least this share of an SM's work
+
+
+def split_tail(tiles: np.ndarray, tile_n: int, n_kv_heads: int, sms: int) -> tuple[np.ndarray, int]:
+    """Prompt tiles (n, 4), longest first (plan_attention), as attention_hopper.cu's pieces (p, 8) i32: first row,
+    rows, seq_slot, first position, first and end key tile (of tile_n keys), merge slot (-1: a whole tile), part;
+    and the parts each split tile has (1: none split).
+
+    The launch is a block an SM, a block a (piece, K/V head). Its last wave holds r = n nkv mod sms blocks: where
+    the tiles all read about as many keys (a chunk deep into a long prompt), the other sms - r SMs wait for them
+    the whole of a tile's time. So the last t = ceil(r / nkv) tiles are split by keys into the parts s (up to
+    MAX_PARTS) whose t nkv s pieces take the least time, ceil(t nkv s / sms) / s tiles' worth, if that is less
+    than a tile's and a tail tile takes at least TAIL_SHARE of an SM's work (the shortest tiles of a first
+    chunk are not worth a merge). A split tile's key tiles up to the one holding its first position are cut into s
+    runs, the last taking the rest (the diagonal): every piece then holds a key of every row."""
+    n = len(tiles)
+    pieces = whole_pieces(tiles, tile_n)
+    key_tiles = pieces[:, 5]
+    r = n * n_kv_heads % sms
+    if n == 0 or r == 0:
+        return pieces, 1
+    tail = -(-r // n_kv_heads)                                            # the tiles of the last wave
+    blocks = tail * n_kv_heads                                            # the tail tiles' blocks
+    waits = {s: -(-blocks * s // sms) / s for s in range(1, MAX_PARTS + 1)}   # their time in tiles, cut in s
+    parts = min(waits, key=lambda s: (waits[s], s))
+    shortest = key_tiles[n - tail:]
+    reach = tiles[n - tail:, 3] // tile_n + 1                             # key tiles with a key at or before row 0
+    if parts == 1 or (reach < parts).any() or shortest.min() * sms < TAIL_SHARE * key_tiles.sum() * n_kv_heads:
+        return pieces, 1
+    split = [piece for slot, tile in enumerate(tiles[n - tail:]) for piece in cut_tile(tile, parts, tile_n, slot)]
+    split = sorted(split, key=lambda p: p[4] - p[5])                      # the longest pieces first
+    return np.concatenate([pieces[:n - tail], np.array(split, np.int32)]), parts
+
+
+def whole_pieces(tiles: np.ndarray, tile_n: int) -> np.ndarray:
+    """Prompt tiles (n, 4) as split_tail's pieces (n, 8) i32 left whole: every key tile up to the last row's, no
+    merge slot."""
+    pieces = np.zeros((len(tiles), 8), np.int32)
+    pieces[:, :4], pieces[:, 6] = tiles, -1
+    pieces[:, 5] = (tiles[:, 3] + tiles[:, 1] - 1) // tile_n + 1
+    return pieces
+
+
+def cut_tile(tile: np.ndarray, parts: int, tile_n: int, slot: int) -> list[tuple[int, ...]]:
+    """A prompt tile (first row, rows, seq_slot, first position) as `parts` pieces (split_tail's rows) of merge slot
+    `slot`: its key tiles cut into even runs, each piece starting at or before the key tile of its first position
+    (the last piece holds the diagonal), so every piece holds a key of every row. The tile must reach that many key
+    tiles."""
+    reach = int(tile[3]) // tile_n + 1
+    end = (int(tile[3]) + int(tile[1]) - 1) // tile_n + 1
+    if not 1 <= parts <= min(reach, MAX_PARTS):
+        raise ValueError(f"a tile at position {tile[3]} reaches {reach} key tiles of {tile_n}: not {parts} parts")
+    cuts = [min(end * z // parts, reach - parts + z) for z in range(parts)] + [end]
+    return [(*map(int, tile), cuts[z], cuts[z + 1], slot, z) for z in range(parts)]

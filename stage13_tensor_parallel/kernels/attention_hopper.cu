@@ -14,11 +14,11 @@
 // head) pair of K/V head g's group, row-major in the group (M-row m = query row m / G, head g G + m % G: TILE_M / G
 // consecutive query rows of one chunk), as in attention_tiles.cu but taller. Its threads are specialised:
 //
-//   the first warp after them (the producer): for key tile j = 0, 1, .. it waits until stage j % STAGES is
-//     empty, tells the stage's `full` barrier how many bytes are coming, and issues the TMA copies of tile j's keys
-//     and values
+//   the first warp after them (the producer): for the block's u-th key tile (u = 0, 1, .. from the first of its
+//     piece: below) it waits until stage u % STAGES is empty, tells the stage's `full` barrier how many bytes are
+//     coming, and issues the TMA copies of the tile's keys and values
 //   warps 0-3, 4-7 (and 8-11): the consumer warpgroups, M-rows 0-63, 64-127 (and 128-191): wait until stage
-//     j % STAGES is full, compute S, the softmax and O += P V, then arrive on the stage's `empty` barrier (one
+//     u % STAGES is full, compute S, the softmax and O += P V, then arrive on the stage's `empty` barrier (one
 //     arrival a warp),
 //
 // so the copies of tile j + 1 are in flight while tile j is multiplied. Nothing but the barriers orders the two
@@ -42,11 +42,22 @@
 // are zeroed by the consumers before P V reads them (P is 0 there, but 0 * NaN is not 0), and S is set to -inf
 // there whatever K held.
 //
-// Launch: grid (nkv, n_tiles), block 512 (head_dim 64) or 288 (128), dynamic shared memory STAGES * 2 * TILE_N * hd
-// * 2 bytes + 1 KiB (the stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). tiles (n_tiles, 4) i32:
-// first row, n_rows (<= TILE_M / G), seq_slot, first position; the tiles' K/V are in the cache (rope_kv_write ran
-// first). qkv (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); kv_maps: this layer's two 128-byte
-// tensor maps, K then V, in global memory; block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows
+// A launch's last wave may hold fewer blocks than the GPU has SMs: in a chunk deep into a long prompt every tile
+// reads about as many keys, so the SMs the last wave leaves idle wait for a whole tile's time. The launch then
+// splits its last tiles by keys into `parts` pieces (packing.split_tail): piece z of a tile runs the recurrence over
+// its own key tiles only (the last piece holds the diagonal), leaves (O, m, l) of every M-row in `partial`, and the
+// last piece of the tile to finish merges them, as split_combine.cuh merges a decode row's splits:
+//     O = sum_z 2^((m_z - M) scale) O_z,   l = sum_z 2^((m_z - M) scale) l_z,   M = max_z m_z,   out = O / l
+// Each consumer thread writes its own registers (its fragment of O, its two rows' m and l) and the merging block's
+// same thread reads the other pieces' same places: the record needs no layout of its own.
+//
+// Launch: grid (nkv, n_pieces), block 512 (head_dim 64) or 288 (128), dynamic shared memory STAGES * 2 * TILE_N *
+// hd * 2 bytes + 1 KiB (the stages aligned to 1,024 bytes; STAGES 2 at head_dim 64, 3 at 128). pieces (n_pieces, 8)
+// i32: first row, n_rows (<= TILE_M / G), seq_slot, first position, first and end key tile, merge slot (-1: a
+// whole tile, which writes out itself), part z; the tiles' K/V are in the cache (rope_kv_write ran first). partial
+// (slots, nkv, parts, RECORD, CONSUMERS) f32 and arrivals (slots, nkv) i32, zero between launches, for split tiles.
+// qkv (R, row_stride) bf16 (queries = the first nh heads, RoPE applied); kv_maps: this layer's two 128-byte tensor
+// maps, K then V, in global memory; block_tables (B, table_width) i32; out (R, nh hd) bf16, the tiles' rows
 // written. G <= 32.
 #include <cuda_bf16.h>
 #include "hopper.cuh"
@@ -72,11 +83,70 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return *reinterpret_cast<const unsigned*>(&v);
 }
 
+template <int HD> constexpr int record = HD / 8 * 4 + 4;        // a consumer thread's piece of a split: O, m, l
+
+// A piece of a split tile: leave this thread's (O, m, l) in piece z's record, count the piece in, and if it is the
+// last of the tile's `parts` to finish, merge every piece's record into o and l (returns true: write out) against
+// the largest m. Called by every consumer thread (barrier 1 is theirs; the producer has returned).
+template <int HD>
+__device__ __forceinline__ bool merge_pieces(float (&o)[HD / 8][4], float (&m)[2], float (&l)[2],
+                                             float* __restrict__ partial, int* __restrict__ arrivals, int slot,
+                                             int g, int n_kv_heads, int z, int parts, float scale) {
+    constexpr int CONSUMERS = consumers<HD>, RECORD = record<HD>;
+    __shared__ bool last;
+    const int tid = threadIdx.x;
+    // (slot, g, z): RECORD values a thread, value e of every thread together (each store a warp's 128 bytes)
+    float* base = partial + static_cast<long long>(slot * n_kv_heads + g) * parts * RECORD * CONSUMERS;
+    float* mine = base + static_cast<long long>(z) * RECORD * CONSUMERS + tid;
+#pragma unroll
+    for (int db = 0; db < HD / 8; ++db) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[(4 * db + e) * CONSUMERS] = o[db][e];
+    }
+    mine[(RECORD - 4) * CONSUMERS] = m[0], mine[(RECORD - 3) * CONSUMERS] = m[1];
+    mine[(RECORD - 2) * CONSUMERS] = l[0], mine[(RECORD - 1) * CONSUMERS] = l[1];
+    __threadfence();                                  // this thread's record, visible before the count below
+    asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
+    int* count = arrivals + slot * n_kv_heads + g;
+    if (tid == 0) last = atomicAdd(count, 1) == parts - 1;
+    asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
+    if (!last) return false;
+    __threadfence();                                  // the other pieces' counts seen: their records are too
+    float big[2] = {m[0], m[1]};
+    for (int y = 0; y < parts; ++y) {
+        const float* rec = base + static_cast<long long>(y) * RECORD * CONSUMERS + tid;
+        big[0] = fmaxf(big[0], __ldcg(rec + (RECORD - 4) * CONSUMERS));
+        big[1] = fmaxf(big[1], __ldcg(rec + (RECORD - 3) * CONSUMERS));
+    }
+    // in piece order, this piece's own record read back like the others': the same bits whichever piece merges
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = 0.0f;
+#pragma unroll
+    for (int db = 0; db < HD / 8; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.0f;
+    for (int y = 0; y < parts; ++y) {
+        const float* rec = base + static_cast<long long>(y) * RECORD * CONSUMERS + tid;
+        float a[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {                // m of every piece is finite: each holds a key of every row
+            a[i] = exp2f((__ldcg(rec + (RECORD - 4 + i) * CONSUMERS) - big[i]) * scale);
+            l[i] += a[i] * __ldcg(rec + (RECORD - 2 + i) * CONSUMERS);
+        }
+#pragma unroll
+        for (int db = 0; db < HD / 8; ++db) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[db][e] += a[e / 2] * __ldcg(rec + (4 * db + e) * CONSUMERS);
+        }
+    }
+    if (tid == 0) *count = 0;                         // every piece has counted: ready for the next launch
+    return true;
+}
+
 template <int HD>
 __device__ __forceinline__ void attention_hopper(
         const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ out, const unsigned long long* kv_maps,
-        const int* __restrict__ tiles, const int* __restrict__ block_tables, int table_width, int block_shift,
-        int n_heads, int n_kv_heads, int row_stride) {
+        const int* __restrict__ pieces, const int* __restrict__ block_tables, int table_width, int block_shift,
+        int n_heads, int n_kv_heads, int row_stride, float* __restrict__ partial, int* __restrict__ arrivals,
+        int parts) {
     constexpr int TILE_N = tile_n<HD>, CHUNKS = HD / 64, KSTEPS = HD / 16, DBLOCKS = HD / 8, NBLOCKS = TILE_N / 8;
     constexpr int STAGES = HD == 64 ? 2 : 3;                    // tiles in flight (kernels.py's HOPPER_STAGES)
     constexpr int CONSUMERS = consumers<HD>;
@@ -87,10 +157,10 @@ __device__ __forceinline__ void attention_hopper(
     unsigned char* stages = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);   // 1,024-byte aligned
     // a tile's K/V heads are consecutive blocks, and the tiles come longest first (plan_attention): blocks start
     // about in launch order, so the last wave is the shortest tiles of every head, not the longest of the last head
-    const int* tile = tiles + 4 * blockIdx.y;
+    const int* tile = pieces + 8 * blockIdx.y;
     const int first_row = tile[0], n_rows = tile[1], first_pos = tile[3], g = blockIdx.x;
     const int group = n_heads / n_kv_heads, last_pos = first_pos + n_rows - 1;
-    const int n_tiles = last_pos / TILE_N + 1;
+    const int kt_begin = tile[4], kt_end = tile[5], slot = tile[6];   // this piece's key tiles [kt_begin, kt_end)
     // the warp's index through a shuffle: the compiler then knows it is the same in every lane, so the branches
     // on it below are not divergent and it need not serialise the wgmma instructions behind them
     const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0), lane = threadIdx.x % 32;
@@ -112,9 +182,9 @@ __device__ __forceinline__ void attention_hopper(
         const unsigned long long* v_map = kv_maps + 16;
         tensormap_acquire(k_map);
         tensormap_acquire(v_map);
-        for (int j = 0; j < n_tiles; ++j) {
-            const int s = j % STAGES, k0 = j * TILE_N;
-            mbar_wait(&empty[s], ((j / STAGES) & 1) ^ 1);  // a fresh barrier's "previous" phase counts as done
+        for (int j = kt_begin; j < kt_end; ++j) {
+            const int u = j - kt_begin, s = u % STAGES, k0 = j * TILE_N;   // u: the piece's own count, its stage
+            mbar_wait(&empty[s], ((u / STAGES) & 1) ^ 1);  // a fresh barrier's "previous" phase counts as done
             const int copies = (min(TILE_N, last_pos + 1 - k0) + rows - 1) / rows;
             mbar_arrive_expect_tx(&full[s], copies * rows * HD * 2 * 2);
             unsigned char* k_tile = stages + s * STAGE_BYTES;
@@ -165,10 +235,10 @@ __device__ __forceinline__ void attention_hopper(
     // inlined, that loop holds no compare or select of the mask (as a lane's `if`, the compiler makes the mask
     // selects on every score of every tile), nor the zeroing of V's stale rows, which only the last tile needs.
     auto step = [&](int j, bool diagonal) {
-        const int s = j % STAGES, k0 = j * TILE_N;
+        const int u = j - kt_begin, s = u % STAGES, k0 = j * TILE_N;
         unsigned char* k_tile = stages + s * STAGE_BYTES;
         unsigned char* v_tile = k_tile + CHUNKS * CHUNK_BYTES;
-        mbar_wait(&full[s], (j / STAGES) & 1);
+        mbar_wait(&full[s], (u / STAGES) & 1);
 
         float sc[NBLOCKS][4];                          // S for keys k0 + 8 nb + 2t (+1), rows q, q + 8
         wgmma_fence();
@@ -230,10 +300,13 @@ __device__ __forceinline__ void attention_hopper(
         wgmma_settle(o);
         if (lane == 0) mbar_arrive(&empty[s]);         // this warp is done with stage s
     };
-    const int n_unmasked = min(n_tiles, (first_pos + 1) / TILE_N);
-    for (int j = 0; j < n_unmasked; ++j) step(j, false);
-    for (int j = n_unmasked; j < n_tiles; ++j) step(j, true);
+    const int n_unmasked = min(kt_end, (first_pos + 1) / TILE_N);   // key tiles left of the diagonal
+    for (int j = kt_begin; j < n_unmasked; ++j) step(j, false);
+    for (int j = max(kt_begin, n_unmasked); j < kt_end; ++j) step(j, true);
 
+    if (slot >= 0 && !merge_pieces<HD>(o, m_run, l_run, partial, arrivals, slot, g, n_kv_heads, tile[7], parts,
+                                       scale))
+        return;                                      // a piece of a split tile, not the last to finish
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         if (!valid[i]) continue;
@@ -250,12 +323,12 @@ __device__ __forceinline__ void attention_hopper(
 #define INSTANTIATE(HD)                                                                                            \
     extern "C" __global__ void __launch_bounds__(threads<HD>) attention_hopper_hd##HD(                                 \
             const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ out,                                \
-            const unsigned long long* kv_maps, const int* __restrict__ tiles,                                      \
+            const unsigned long long* kv_maps, const int* __restrict__ pieces,                                     \
             const int* __restrict__ block_tables, int table_width, int block_shift, int n_heads, int n_kv_heads,   \
-            int row_stride) {                                                                                      \
+            int row_stride, float* __restrict__ partial, int* __restrict__ arrivals, int parts) {                  \
         begin_after_previous();                                                                                    \
-        attention_hopper<HD>(qkv, out, kv_maps, tiles, block_tables, table_width, block_shift, n_heads,           \
-                             n_kv_heads, row_stride);                                                              \
+        attention_hopper<HD>(qkv, out, kv_maps, pieces, block_tables, table_width, block_shift, n_heads,          \
+                             n_kv_heads, row_stride, partial, arrivals, parts);                                    \
     }
 INSTANTIATE(64)
 INSTANTIATE(128)

@@ -138,17 +138,18 @@ def attention_reference(q, k, v, positions):
     return out.reshape(R, nh * hd)
 
 
-def attend(kernels, qkv, pool, out, spans, nh, nkv, hd, tile_rows=None, split=None, hopper=None):
+def attend(kernels, qkv, pool, out, spans, nh, nkv, hd, tile_rows=None, split=None, hopper=None, parts=None):
     """Launch attention as the model does: plan_attention() cuts the spans (first row, rows, seq_slot, first
     position) into prompt tiles and decode tiles; prompt tiles go through attention_hopper where the GPU and the
-    shapes allow it (Kernels.hopper_prefill, or as `hopper` says), else attention_tiles; decode_split() (or
+    shapes allow it (Kernels.hopper_prefill, or as `hopper` says), as split_tail() splits the last wave's, or with
+    every tile that reaches `parts` key tiles cut into that many pieces; else attention_tiles; decode_split() (or
     `split`, (n_splits, keys_per_split)) splits the decode tiles' keys. Returns (prompt tiles, decode tiles,
     split) for the caller to check what ran."""
     from types import SimpleNamespace
 
-    from ..kernels import HOPPER_TILE_M, decode_split
+    from ..kernels import HOPPER_TILE_M, HOPPER_TILE_N, decode_split, hopper_partial_floats
     from ..kernels import tile_rows as rows_a_tile
-    from ..packing import plan_attention
+    from ..packing import cut_tile, plan_attention, split_tail, whole_pieces
     from ..tma import kv_tensor_maps
 
     gpu = kernels.gpu
@@ -158,7 +159,20 @@ def attend(kernels, qkv, pool, out, spans, nh, nkv, hd, tile_rows=None, split=No
     prompt, decode = plan_attention(np.asarray(spans, np.int32).reshape(-1, 4), tile_rows)
     if len(prompt) and hopper:
         maps = kv_tensor_maps(gpu, SimpleNamespace(k=[pool.k], v=[pool.v]))
-        kernels.attention_hopper(qkv, out, maps, gpu.to_device(prompt), pool.tables, nh, nkv, hd, pool.bs)
+        tile_n = HOPPER_TILE_N[hd]
+        if parts is None:
+            pieces, used = split_tail(prompt, tile_n, nkv, kernels.sms)
+        else:                                         # every tile that can be, cut into `parts`
+            cut = prompt[:, 3] // tile_n + 1 >= parts
+            split = [piece for slot, t in enumerate(prompt[cut]) for piece in cut_tile(t, parts, tile_n, slot)]
+            pieces = np.concatenate([np.array(split, np.int32).reshape(-1, 8), whole_pieces(prompt[~cut], tile_n)])
+            used = parts
+        slots = max(1, int(pieces[:, 6].max()) + 1)
+        partial = poisoned(gpu, (hopper_partial_floats(slots, nkv, hd),), "f32")
+        arrivals = gpu.to_device(np.zeros(slots * nkv, np.int32))
+        kernels.attention_hopper(qkv, out, maps, gpu.to_device(pieces), pool.tables, nh, nkv, hd, pool.bs, used,
+                                 partial, arrivals)
+        assert not read(gpu, arrivals).any(), "the pieces' merge left its counts for the next launch nonzero"
     elif len(prompt):
         kernels.attention(qkv, pool.k, pool.v, out, gpu.empty((1,), "f32"), gpu.empty((1,), "i32"),
                           gpu.to_device(prompt), pool.tables, nh, nkv, hd)
@@ -216,7 +230,7 @@ class PagedPool:
 
 
 def run_attention(kernels, rng, lengths, new, nh, nkv, hd, max_len, first_seq=0, scale=1.5, tile_rows=None,
-                  split=None, block_size=16, hopper=None):
+                  split=None, block_size=16, hopper=None, parts=None):
     """A paged cache of random K/V; sequence first_seq + i holds lengths[i] positions, of which the last new[i]
     are this step's rows (packed one after another, their K/V written by rope_kv_write through the block tables; the
     earlier ones were cached by earlier steps): new = lengths is a whole prompt, new = 1 a decode row, anything
@@ -236,7 +250,7 @@ def run_attention(kernels, rng, lengths, new, nh, nkv, hd, max_len, first_seq=0,
     pool = PagedPool(gpu, rng, kf, vf, cached, held, block_size)
     pool.write(kernels, qkv, qkvf, seq_slots, positions, nh, nkv, hd)
     out = poisoned(gpu, (R, nh * hd))
-    ran = attend(kernels, qkv, pool, out, spans, nh, nkv, hd, tile_rows, split, hopper)
+    ran = attend(kernels, qkv, pool, out, spans, nh, nkv, hd, tile_rows, split, hopper, parts)
     got = read(gpu, out)
     assert not np.isnan(got).any(), "an output element was never written, or a key was read through a wrong entry"
     q = qkvf[:, :nh * hd].reshape(R, nh, hd)
@@ -344,9 +358,29 @@ def test_prompt_tiles_on_both_kernels(kernels, rng, hopper, block_size, lengths,
                   hopper=hopper)
 
 
+@pytest.mark.parametrize("parts", [2, 3, 4])
+@pytest.mark.parametrize("block_size", [16, 64])
+# chunks over a cached prefix (each tile reaches 4 key tiles or more), head_dim 64 and 128, GQA 1, 3 and 4; and
+# a whole prompt beside a chunk: its tiles reach one key tile and stay whole in the same launch
+@pytest.mark.parametrize("lengths, new, nh, nkv, hd", [([1200, 700], [300, 129], 32, 8, 64),
+                                                       ([1200, 100], [300, 100], 32, 8, 64),
+                                                       ([900, 600], [200, 65], 12, 4, 128),
+                                                       ([1000], [257], 6, 2, 64),
+                                                       ([700], [131], 3, 3, 128)])
+def test_prompt_tiles_split_by_keys(kernels, rng, parts, block_size, lengths, new, nh, nkv, hd):
+    """Every prompt tile cut by keys into `parts` pieces, the last holding the diagonal, each leaving its record in
+    a NaN-poisoned buffer, merged by the last piece to finish: against the reference, and the merge's counts left
+    at zero (attend checks)."""
+    if not kernels.hopper_prefill(hd, block_size):
+        pytest.skip(f"no attention_hopper on {kernels.gpu.name} (sm_90 only)")
+    run_attention(kernels, rng, lengths, new, nh, nkv, hd, max_len=max(lengths), block_size=block_size,
+                  hopper=True, parts=parts)
+
+
 def test_a_chunked_prefill_equals_the_whole_prompt(kernels, rng):
     """One 8192-token prompt (1B shape: 32 heads over 8 K/V heads of 64) attended in one chunk, and again as the
-    engine's chunked prefill does: chunks of 2048 rows, each over the keys the earlier chunks cached."""
+    engine's chunked prefill does: chunks of 2048 rows, each over the keys the earlier chunks cached (on a GPU of
+    132 SMs the later chunks' last-wave tiles split by keys, split_tail)."""
     gpu = kernels.gpu
     L, nh, nkv, hd, chunk = 8192, 32, 8, 64, 2048
     qkv, qkvf = bf16(gpu, rng.normal(0, 1.5, (L, (nh + 2 * nkv) * hd)))

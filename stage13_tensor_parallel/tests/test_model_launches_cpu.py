@@ -249,6 +249,26 @@ def test_prompt_tiles_take_the_hopper_kernel_with_their_layer_s_tensor_maps(mode
     assert "attention_hopper_hd64" not in [k for k, *_ in model.gpu.launches]
 
 
+def test_a_chunk_deep_in_a_prompt_splits_its_last_wave_s_tile_by_keys(model):
+    """On a GPU of 6 SMs a chunk of 40 rows at position 300 is one tile x 8 K/V heads: 8 blocks, 2 in a second
+    wave; cut into 3 pieces (24 blocks: 4 waves of a third of the tile), merged through the model's records."""
+    gpu, cfg = RecordingGpu(), PRESETS["llama-3.2-1b"]                    # the fixture's patches, another GPU
+    gpu.device.properties.multiprocessor_count = 6
+    model = model_module.Model(weights(gpu, cfg), cfg, gpu, kernels_module.Kernels(gpu), MAX_SEQS, 512, MAX_ROWS,
+                               BLOCK_SIZE)
+    model.allocate_cache(64)
+    n, first = 40, 300
+    pos = np.arange(first, first + n, dtype=np.int32)
+    one = np.zeros(1, np.int32)
+    blocks = np.arange(-(-(first + n) // BLOCK_SIZE), dtype=np.int32)
+    step = StepInputs(pos, pos, pos, np.zeros(n, np.int32), np.array([n - 1], np.int32), one, one,
+                      np.array([[0, n, 0, first]], np.int32), np.stack([blocks, blocks], 1), None)
+    model.forward(step)
+    hopper = [(grid, args) for k, grid, args in model.gpu.launches if k == "attention_hopper_hd64"]
+    assert len(hopper) == 16 and all(grid == (8, 3, 1) for grid, _ in hopper)
+    assert all(args[-3:] == (model.hopper_partial.arg, model.hopper_arrivals.arg, 3) for _, args in hopper)
+
+
 def test_blocks_under_8_positions_keep_prompts_on_attention_tiles(model, monkeypatch):
     """The TMA copies land whole 1,024-byte swizzle atoms: with 4 positions a block prompts take attention_tiles."""
     gpu, cfg = RecordingGpu(), PRESETS["llama-3.2-1b"]

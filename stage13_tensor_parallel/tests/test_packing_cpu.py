@@ -99,3 +99,72 @@ def test_decode_split_covers_the_keys_in_whole_tiles(n_rows, max_keys):
     assert n == 1 or (per % 32 == 0 and per >= MIN_KEYS_PER_SPLIT and n_rows * n <= 1024)
     if n_rows * 8 >= 4 * 132 or max_keys < 2 * MIN_KEYS_PER_SPLIT:   # enough blocks already, or too few keys
         assert n == 1
+
+
+def covered(pieces: np.ndarray, tiles: np.ndarray, tile_n: int) -> None:
+    """Every tile's key tiles, up to its last row's, are run exactly once by its pieces, a split tile's pieces each
+    holding a key of every row (their first key tile is at or before the one of the tile's first position)."""
+    for tile in tiles:
+        mine = pieces[(pieces[:, :4] == tile).all(1)]
+        runs = sorted(zip(mine[:, 4], mine[:, 5]))
+        end = (tile[3] + tile[1] - 1) // tile_n + 1
+        assert runs[0][0] == 0 and runs[-1][1] == end and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+        assert (mine[:, 4] <= tile[3] // tile_n).all() and (mine[:, 4] < mine[:, 5]).all()
+        assert len(mine) == 1 and mine[0, 6] == -1 or sorted(mine[:, 7]) == list(range(len(mine)))
+
+
+def test_the_last_wave_s_tiles_of_a_deep_chunk_are_split_by_keys():
+    """A 2,048-row chunk at position 30,720 (the 1B: 48 rows a tile, 8 K/V heads, 132 SMs, 128-key tiles): 43 tiles,
+    344 blocks, 80 in the last wave; its last 10 tiles split in 3 (240 pieces: two rounds of a third of a tile, where
+    2 parts would still take a whole tile and 4 three quarters), each split tile a merge slot of its own."""
+    from ..packing import split_tail
+
+    prompt, _ = plan_attention(np.array([[0, 2048, 0, 30720]], np.int32), 48)
+    pieces, parts = split_tail(prompt, 128, 8, 132)
+    assert parts == 3 and len(pieces) == 33 + 3 * 10 and pieces.dtype == np.int32
+    assert (pieces[:33, :4] == prompt[:33]).all() and (pieces[:33, 6] == -1).all()
+    assert sorted(set(pieces[33:, 6])) == list(range(10))
+    covered(pieces, prompt, 128)
+    assert (np.diff(pieces[33:, 5] - pieces[33:, 4]) <= 0).all()             # the longest pieces first
+
+
+@pytest.mark.parametrize("spans, why", [
+    ([[0, 2048, 0, 0]], "a first chunk: the last wave's tiles are its shortest"),
+    ([[0, 1584, 0, 30720]], "33 tiles x 8 = 264 blocks: two whole waves"),
+    ([[0, 60, 0, 0]], "a tile that reaches one key tile cannot be split"),
+])
+def test_tiles_stay_whole_where_a_split_would_not_pay(spans, why):
+    from ..packing import split_tail
+
+    prompt, _ = plan_attention(np.array(spans, np.int32), 48)
+    pieces, parts = split_tail(prompt, 128, 8, 132)
+    assert parts == 1 and (pieces[:, :4] == prompt).all() and (pieces[:, 6] == -1).all(), why
+    covered(pieces, prompt, 128)
+
+
+def test_random_launches_cover_every_key_once(seeds=range(200)):
+    """Random steps of prompt chunks (head_dim 64 or 128's tiles, GQA, SM counts): every tile's keys run once."""
+    from ..packing import split_tail
+
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(1, 6))
+        lengths = rng.integers(2, 3000, n)
+        starts = rng.integers(0, 40000, n)
+        spans = np.stack([np.cumsum(lengths) - lengths, lengths, np.arange(n), starts], 1).astype(np.int32)
+        rows, tile_n = int(rng.choice([48, 64, 96, 32])), int(rng.choice([64, 128]))
+        prompt, _ = plan_attention(spans, rows)
+        pieces, parts = split_tail(prompt, tile_n, int(rng.choice([1, 2, 4, 8])), int(rng.choice([78, 114, 132])))
+        try:
+            covered(pieces, prompt, tile_n)
+            assert len(pieces) == len(prompt) + (parts - 1) * len(set(pieces[:, 6]) - {-1})
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed}") from e
+
+
+def test_a_tile_is_cut_only_into_as_many_parts_as_it_reaches_key_tiles():
+    from ..packing import cut_tile
+
+    assert [p[4:6] for p in cut_tile(np.array([0, 48, 0, 300]), 3, 128, 0)] == [(0, 1), (1, 2), (2, 3)]
+    with pytest.raises(ValueError, match="reaches 3 key tiles of 128: not 4 parts"):
+        cut_tile(np.array([0, 48, 0, 300]), 4, 128, 0)
