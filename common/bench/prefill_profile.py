@@ -5,7 +5,9 @@
 
 One request of N prompt tokens (the 1B preset, random weights) and one new token is prefilled twice, the first
 time to warm up (kernels loaded, GEMMs timed), the second, another prompt (so that no cached prefix is reused),
-recorded whole with CUPTI (common.bench.profile's KernelRecorder). Its kernels are grouped by the stage's
+recorded whole with CUPTI (common.bench.profile's KernelRecorder). The engine schedules as `long` runs it: from
+stage09 asynchronously, the host planning and launching step t + 1 while the GPU runs step t, so the GPU's idle
+time between kernels is `long`'s, not the host's planning between steps. Its kernels are grouped by the stage's
 PROFILE_GROUPS: "gemm" is every GEMM (a kernel the stage does not name, cuBLAS's, or names a GEMM), a kernel it
 declares outside decode steps (None: the prompt-only attention kernels) keeps its own name. Each group's time is
 its time on the critical path (exposed_ns: overlapping kernels counted once), with its share of the prefill, and
@@ -112,6 +114,9 @@ def profile_prefill(stage: str, n: int, budget: int | None, model: str = "llama-
     module = importlib.import_module(stage)
     declared = read_declaration(stage)
     kwargs = engine_kwargs(stage, module.Engine, 1, n + 16, False)
+    # the engine's own scheduling, as `long` runs it (engine_kwargs turns asynchronous scheduling off for a decode
+    # profile, whose windows each hold one step's kernels; this one records the whole prefill)
+    kwargs.pop("async_scheduling", None)
     if budget is not None:
         kwargs["max_num_batched_tokens"] = budget
     engine = module.Engine(str(resolve_model(model)), **kwargs)
