@@ -52,7 +52,10 @@ BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
            [("main then", "b_25a880b"), ("prompt tiles longest first (main now)", "b_wip_order"),
             ("longest first; Q in shared memory, S of j beside P V of j - 1, 3 stages", "b_wip_overlap")]),
           ("2026-12-06-H100-overlap-held-ladder-long-profiles",
-           [("main then", "b_main"), ("that overlap, its wait held by a store of the row sums", "b_main_overlap_held")])]
+           [("main then", "b_main"), ("that overlap, its wait held by a store of the row sums", "b_main_overlap_held")]),
+          ("2026-12-06-H100-prompt-splits/builds",
+           [("main then", "b_main"), ("last-wave tiles split by keys (main now; a whole prompt's stay whole)",
+                                      "b_wip_prompt_splits")])]
 
 
 def tile_plan() -> str:
