@@ -41,7 +41,7 @@ def test_the_summary_shares_the_prefill_and_rates_the_gemms_and_attention():
          "wall_ms": 13.0, **s}
     table = pp.format_prefill(p)
     assert "| attention_hopper_hd64 | 6.00 | 54.5% | - |" in table
-    assert "| attention, every kernel | 7.00 | 63.6% |" in table and "a budget of 2,048 rows a step (4 steps)" in table
+    assert "| attention, every kernel | 7.00 | 63.6% |" in table and "a budget of 2,048 rows a step (4 step() calls)" in table
 
 
 def test_two_prompts_share_no_block_of_16_so_the_second_is_prefilled_whole():

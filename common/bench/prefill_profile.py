@@ -77,7 +77,7 @@ def summarize(kernels: list[tuple], declared: Declaration, config, n: int) -> di
 def format_prefill(p: dict) -> str:
     budget = p["max_num_batched_tokens"]
     lines = [f"{p['stage']}, one prompt of {p['prompt_tokens']:,} tokens, a budget of "
-             f"{'?' if budget is None else f'{budget:,}'} rows a step ({p['steps']} steps), on {p['gpu']}: the GPU's "
+             f"{'?' if budget is None else f'{budget:,}'} rows a step ({p['steps']} step() calls), on {p['gpu']}: the GPU's "
              "time by kernel group",
              "| kernels | ms | share | TFLOP/s |", "| --- | --- | --- | --- |"]
     for g, v in p["groups"].items():
@@ -98,7 +98,8 @@ def prompt_of(n: int, seed: int) -> list[int]:
 
 
 def prefill(engine, prompt: list[int], params) -> int:
-    """One request prefilled and its first token sampled, through step(); the steps it took."""
+    """One request prefilled and its first token sampled, through step(); the step() calls it took (with
+    asynchronous scheduling one more than the forwards: the last only reads the first token back)."""
     engine.add_request(prompt, params)
     steps = 0
     while engine.has_unfinished_requests():
