@@ -16,6 +16,8 @@ where the model fixes the work its TFLOP/s:
     gemm        2 N K a row for each layer's qkv, o, gate_up and down, and the LM head's for the one logit row
     attention   4 hd a (query head, key) pair a row attends, causal: nh N (N + 1) / 2 pairs a layer; the groups
                 whose name begins with "attention" together
+
+and attention's TFLOP/s chunk by chunk (attention_by_chunk), where a chunk deep into the prompt reads more keys.
 """
 from __future__ import annotations
 
@@ -74,11 +76,29 @@ def summarize(kernels: list[tuple], declared: Declaration, config, n: int) -> di
             "attention_tflop_per_s": flops[ATTENTION] / (attention_ms * 1e9) if attention_ms else None}
 
 
+def attention_by_chunk(kernels: list[tuple], config, n: int, budget: int) -> list[dict] | None:
+    """Each prompt chunk's attention, for kernels (start ns, end ns, name) in the GPU's order: the chunks of `budget`
+    rows, one attention launch a layer each (the kernels whose name begins with "attention", in order), their ms and
+    TFLOP/s (a chunk of r rows from position p attends r p + r (r + 1) / 2 pairs a head); None where the launches do
+    not come one a layer a chunk."""
+    launches = [(e - s) / 1e6 for s, e, name in kernels if name.startswith(ATTENTION)]
+    layers, firsts = config.num_hidden_layers, range(0, n, budget)
+    if len(launches) != layers * len(firsts):
+        return None
+    per_pair = 4.0 * config.head_dim * config.num_attention_heads * layers
+    out = []
+    for c, first in enumerate(firsts):
+        rows, ms = min(budget, n - first), sum(launches[c * layers:(c + 1) * layers])
+        out.append({"first_position": first, "rows": rows, "ms": ms,
+                    "tflop_per_s": per_pair * (rows * first + rows * (rows + 1) / 2) / (ms * 1e9)})
+    return out
+
+
 def format_prefill(p: dict) -> str:
     budget = p["max_num_batched_tokens"]
     lines = [f"{p['stage']}, one prompt of {p['prompt_tokens']:,} tokens, a budget of "
-             f"{'?' if budget is None else f'{budget:,}'} rows a step ({p['steps']} step() calls), on {p['gpu']}: the GPU's "
-             "time by kernel group",
+             f"{'?' if budget is None else f'{budget:,}'} rows a step ({p['steps']} step() calls), on {p['gpu']}: "
+             "the GPU's time by kernel group",
              "| kernels | ms | share | TFLOP/s |", "| --- | --- | --- | --- |"]
     for g, v in p["groups"].items():
         rate = f"{v['tflop_per_s']:.0f}" if "tflop_per_s" in v else "-"
@@ -87,6 +107,9 @@ def format_prefill(p: dict) -> str:
         lines.append(f"| attention, every kernel | {p['attention_ms']:.2f} | "
                      f"{p['attention_ms'] / p['exposed_ms']:.1%} | {p['attention_tflop_per_s']:.0f} |")
     lines.append(f"| **all kernels** | {p['exposed_ms']:.2f} | | |")
+    if p.get("attention_by_chunk"):
+        lines.append("attention by chunk, TFLOP/s from its first position: " + ", ".join(
+            f"{c['first_position']:,}: {c['tflop_per_s']:.0f}" for c in p["attention_by_chunk"]))
     lines.append(f"prefill: wall {p['wall_ms']:.1f} ms ({p['prompt_tokens'] / p['wall_ms'] * 1e3:,.0f} tok/s), GPU "
                  f"span {p['span_ms']:.1f} ms, {p['gaps_ms']:.1f} ms of it idle between kernels, {p['kernels']:,} "
                  "kernels")
@@ -134,7 +157,8 @@ def profile_prefill(stage: str, n: int, budget: int | None, model: str = "llama-
     return {"stage": stage, "prompt_tokens": n, "max_num_batched_tokens": used, "steps": steps,
             "gpu": get_gpu().name, "wall_ms": wall * 1e3,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            **summarize(kernels, declared, engine.config, n)}
+            **summarize(kernels, declared, engine.config, n),
+            "attention_by_chunk": attention_by_chunk(kernels, engine.config, n, used) if used else None}
 
 
 def main(argv=None) -> int:
