@@ -156,30 +156,37 @@ def hopper_launch(kernels, qkv, out, maps, tables, pieces_parts, nh, nkv, hd, bl
                                             partial, arrivals)
 
 
-@pytest.mark.parametrize("tail", ["whole", "split"])
-@pytest.mark.parametrize("hd", [64, 128])
-def test_prefill_chunk_attention(benchmark, kernels, hd, tail):
-    """A 2,048-row chunk at position 30,720 (as `long`'s 32K prompt's late chunks): 43 tiles x 8 K/V heads at head_dim
-    64, 344 blocks, 2.6 waves of 132 SMs; with the last wave's tiles whole, and split by keys where split_tail does."""
+def deep_chunk(kernels, hd: int, block_size: int = 16):
+    """A 2,048-row chunk at position 30,720 of one sequence (as `long`'s 32K prompt's late chunks) at head_dim hd,
+    the 1B's 2,048 query dims over 512 K/V dims: its qkv, out, tensor maps, block tables, prompt tiles
+    (plan_attention), head counts and FLOPs."""
     from types import SimpleNamespace
 
     from .kernels import HOPPER_TILE_M
     from .tma import kv_tensor_maps
 
-    gpu, rng, block_size, first, rows_n = kernels.gpu, np.random.default_rng(0), 16, 30720, 2048
+    gpu, rng, first, rows = kernels.gpu, np.random.default_rng(0), 30720, 2048
     if not kernels.hopper_prefill(hd, block_size):
         pytest.skip(f"no attention_hopper on {gpu.name} (sm_90 only)")
     nh, nkv = NH * HD // hd, NKV * HD // hd
-    length = first + rows_n
-    qkv = random_bf16(gpu, (rows_n, (nh + 2 * nkv) * hd), rng)
-    k_cache, v_cache, tables = paged(gpu, rng, 1, length, block_size, nkv, hd)
-    out = gpu.empty((rows_n, nh * hd), "bf16")
-    prompt, _ = plan_attention(np.array([[0, rows_n, 0, first]], np.int32), HOPPER_TILE_M[hd] // (nh // nkv))
-    tile_n = HOPPER_TILE_N[hd]
-    pieces = split_tail(prompt, tile_n, nkv, kernels.sms) if tail == "split" else (whole_pieces(prompt, tile_n), 1)
-    maps = kv_tensor_maps(gpu, SimpleNamespace(k=[k_cache], v=[v_cache]))
-    ms = timed(benchmark, gpu, hopper_launch(kernels, qkv, out, maps, tables, pieces, nh, nkv, hd, block_size))
-    flops = 4 * hd * nh * rows_n * (first + (rows_n + 1) / 2)
-    benchmark.extra_info.update(kernel="hopper", head_dim=hd, block_size=block_size, chunk_rows=rows_n,
-                                first_position=first, tail=tail, parts=pieces[1], blocks=len(pieces[0]) * nkv,
-                                ms_per_layer=round(ms, 3), tflop_per_s=round(flops / ms / 1e9, 1))
+    qkv = random_bf16(gpu, (rows, (nh + 2 * nkv) * hd), rng)
+    k_cache, v_cache, tables = paged(gpu, rng, 1, first + rows, block_size, nkv, hd)
+    prompt, _ = plan_attention(np.array([[0, rows, 0, first]], np.int32), HOPPER_TILE_M[hd] // (nh // nkv))
+    return SimpleNamespace(qkv=qkv, out=gpu.empty((rows, nh * hd), "bf16"), tables=tables, prompt=prompt, nh=nh,
+                           nkv=nkv, maps=kv_tensor_maps(gpu, SimpleNamespace(k=[k_cache], v=[v_cache])),
+                           first=first, rows=rows, flops=4 * hd * nh * rows * (first + (rows + 1) / 2))
+
+
+@pytest.mark.parametrize("tail", ["whole", "split"])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_prefill_chunk_attention(benchmark, kernels, hd, tail):
+    """The deep chunk: 43 tiles x 8 K/V heads at head_dim 64, 344 blocks, 2.6 waves of 132 SMs; with the last wave's
+    tiles whole, and split by keys where split_tail does."""
+    c, block_size, tile_n = deep_chunk(kernels, hd), 16, HOPPER_TILE_N[hd]
+    whole = (whole_pieces(c.prompt, tile_n), 1)
+    pieces = split_tail(c.prompt, tile_n, c.nkv, kernels.sms) if tail == "split" else whole
+    launch = hopper_launch(kernels, c.qkv, c.out, c.maps, c.tables, pieces, c.nh, c.nkv, hd, block_size)
+    ms = timed(benchmark, kernels.gpu, launch)
+    benchmark.extra_info.update(kernel="hopper", head_dim=hd, block_size=block_size, chunk_rows=c.rows,
+                                first_position=c.first, tail=tail, parts=pieces[1], blocks=len(pieces[0]) * c.nkv,
+                                ms_per_layer=round(ms, 3), tflop_per_s=round(c.flops / ms / 1e9, 1))
