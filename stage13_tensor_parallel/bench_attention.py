@@ -13,7 +13,10 @@ sequence's blocks at shuffled places of the pool, block sizes 8, 16 (the default
            attention_tiles (mma.sync; 64): GPU time per layer and achieved TFLOP/s (4 hd flops per (query, key,
            head) pair under the causal mask: QK^T and PV)
   chunk    one 2,048-row chunk 30,720 positions into a prompt (`long`'s last chunks at 32K), through
-           attention_hopper with the launch's last-wave tiles whole and split by keys (packing.split_tail)
+           attention_hopper with the launch's last-wave tiles whole and split by keys (packing.split_tail); and,
+           split, one launch at a time after nothing, after 256 MiB written (the L2 emptied of its K/V) or after a
+           GEMM of down's shape (as in a prompt, where a layer's GEMMs run between two attention launches), the
+           time of what ran before taken away
 GPU time is from events around 20 launches queued while a spin kernel holds the GPU (common.bench.measure's
 gpu_and_host_ms), so they run back to back and the host's launch cost is not in the figures: they are the
 kernels'. (Without the hold, a kernel shorter than the host's time to queue it would time the host.)
@@ -145,6 +148,20 @@ def test_prefill_attention(benchmark, kernels, length, hd, kernel):
                                 ms_per_layer=round(ms, 3), tflop_per_s=round(flops / ms / 1e9, 1))
 
 
+def timed_after(benchmark, gpu, launch, before) -> float:
+    """GPU milliseconds of one launch queued right after before(): the median over pytest-benchmark's rounds of
+    (before, launch) less before alone, each the median of LAUNCHES held back-to-back runs (gpu_and_host_ms)."""
+    per_round = []
+
+    def one_round():
+        both = gpu_and_host_ms(gpu, lambda: (before(), launch()), repeats=LAUNCHES)["gpu_ms"]
+        per_round.append(both - gpu_and_host_ms(gpu, before, repeats=LAUNCHES)["gpu_ms"])
+
+    benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
+    benchmark.extra_info.update(gpu_ms_min=round(min(per_round), 5), gpu_ms_max=round(max(per_round), 5))
+    return float(np.median(per_round))
+
+
 def hopper_launch(kernels, qkv, out, maps, tables, pieces_parts, nh, nkv, hd, block_size):
     """A function that launches attention_hopper over (pieces, parts) from split_tail(), with their records."""
     pieces, parts = pieces_parts
@@ -189,4 +206,35 @@ def test_prefill_chunk_attention(benchmark, kernels, hd, tail):
     ms = timed(benchmark, kernels.gpu, launch)
     benchmark.extra_info.update(kernel="hopper", head_dim=hd, block_size=block_size, chunk_rows=c.rows,
                                 first_position=c.first, tail=tail, parts=pieces[1], blocks=len(pieces[0]) * c.nkv,
+                                ms_per_layer=round(ms, 3), tflop_per_s=round(c.flops / ms / 1e9, 1))
+
+
+@pytest.mark.parametrize("before", ["nothing", "l2-flush", "gemm"])
+def test_prefill_chunk_attention_after(benchmark, kernels, before):
+    """The deep chunk at head_dim 64, its tail split, one launch at a time after `before`: what `long` has and the
+    back-to-back figure above lacks (no K/V left in L2 by the launch before; a GEMM's data there instead)."""
+    from common.cublas import Cublas
+
+    gpu, block_size, rows = kernels.gpu, 16, 2048
+    c = deep_chunk(kernels, HD, block_size)
+    pieces = split_tail(c.prompt, HOPPER_TILE_N[HD], c.nkv, kernels.sms)
+    launch = hopper_launch(kernels, c.qkv, c.out, c.maps, c.tables, pieces, c.nh, c.nkv, HD, block_size)
+    if before == "l2-flush":                    # more than any Hopper's L2 (50-60 MB), written
+        junk = gpu.empty((256 << 20,), "u8")
+
+        def run_before():
+            gpu.fill_bytes(junk, 0)
+    elif before == "gemm":                      # down at 2,048 rows: x (2048, 8192) @ W (2048, 8192)^T
+        cublas, rng = Cublas(gpu), np.random.default_rng(1)
+        x, w = random_bf16(gpu, (rows, 8192), rng), random_bf16(gpu, (2048, 8192), rng)
+        y = gpu.empty((rows, 2048), "bf16")
+
+        def run_before():
+            cublas.linear(x, w, y)
+    else:
+        def run_before():
+            pass
+    ms = timed_after(benchmark, gpu, launch, run_before)
+    benchmark.extra_info.update(kernel="hopper", head_dim=HD, block_size=block_size, chunk_rows=c.rows,
+                                first_position=c.first, tail="split", parts=pieces[1], before=before,
                                 ms_per_layer=round(ms, 3), tflop_per_s=round(c.flops / ms / 1e9, 1))
