@@ -54,8 +54,9 @@ BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
           ("2026-12-06-H100-overlap-held-ladder-long-profiles",
            [("main then", "b_main"), ("that overlap, its wait held by a store of the row sums", "b_main_overlap_held")]),
           ("2026-12-06-H100-prompt-splits/builds",
-           [("main then", "b_main"), ("last-wave tiles split by keys (main now; a whole prompt's stay whole)",
-                                      "b_wip_prompt_splits")])]
+           [("main then", "b_main"),
+            ("last-wave tiles split by keys (main now; one launch over a whole prompt never splits)",
+             "b_wip_prompt_splits")])]
 
 
 def tile_plan() -> str:
