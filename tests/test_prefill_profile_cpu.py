@@ -49,13 +49,13 @@ def test_attention_by_chunk_rates_each_chunk_s_launches_on_its_own_pairs():
     c = PRESETS["llama-3.2-1b"]                            # 16 layers
     # a prompt of 5 rows in chunks of 3: rows 0-2 (6 causal pairs a head), then rows 3-4 (2 x 3 + 3 = 9)
     kernels = [(i * 10, i * 10 + 4, "attention_hopper_hd64") for i in range(32)]
-    kernels.insert(5, (51, 60, CUBLAS))
+    kernels.insert(5, (48, 52, CUBLAS))               # the next attention launch (50-54) starts before it ends
     chunks = pp.attention_by_chunk(kernels, c, 5, 3)
     assert [(ch["first_position"], ch["rows"]) for ch in chunks] == [(0, 3), (3, 2)]
     per_pair = 4 * 64 * 32 * 16
-    assert chunks[0]["ms"] == pytest.approx(16 * 4e-6)
-    assert chunks[0]["tflop_per_s"] == pytest.approx(per_pair * 6 / (16 * 4e-6 * 1e9))
+    assert chunks[0]["ms"] == pytest.approx(15 * 4e-6 + 2e-6)       # its first 2 ns are the GEMM's
     assert chunks[1]["tflop_per_s"] == pytest.approx(per_pair * 9 / (16 * 4e-6 * 1e9))
+    assert chunks[0]["tflop_per_s"] == pytest.approx(per_pair * 6 / (62e-6 * 1e9))
     assert pp.attention_by_chunk(kernels[:-1], c, 5, 3) is None     # a launch short: no chunk is named
     p = {"stage": STAGE, "prompt_tokens": 5, "max_num_batched_tokens": 3, "steps": 2, "gpu": "a GPU", "wall_ms": 1.0,
          **pp.summarize(kernels, read_declaration(STAGE), c, 5), "attention_by_chunk": chunks}
