@@ -14,9 +14,9 @@ sequence's blocks at shuffled places of the pool, block sizes 8, 16 (the default
            head) pair under the causal mask: QK^T and PV)
   chunk    one 2,048-row chunk 30,720 positions into a prompt (`long`'s last chunks at 32K), through
            attention_hopper with the launch's last-wave tiles whole and split by keys (packing.split_tail); and,
-           split, one launch at a time after nothing, after 256 MiB written (the L2 emptied of its K/V) or after a
-           GEMM of down's shape (as in a prompt, where a layer's GEMMs run between two attention launches), the
-           time of what ran before taken away
+           split, one launch at a time between events of its own, after nothing, after 256 MiB written (the L2
+           emptied of its K/V, and of q) or after a GEMM of down's shape (as in a prompt, where a layer's GEMMs run
+           between two attention launches)
 GPU time is from events around 20 launches queued while a spin kernel holds the GPU (common.bench.measure's
 gpu_and_host_ms), so they run back to back and the host's launch cost is not in the figures: they are the
 kernels'. (Without the hold, a kernel shorter than the host's time to queue it would time the host.)
@@ -149,17 +149,28 @@ def test_prefill_attention(benchmark, kernels, length, hd, kernel):
 
 
 def timed_after(benchmark, gpu, launch, before) -> float:
-    """GPU milliseconds of one launch queued right after before(): the median over pytest-benchmark's rounds of
-    (before, launch) less before alone, each the median of LAUNCHES held back-to-back runs (gpu_and_host_ms)."""
+    """GPU milliseconds of one launch queued right after before(), between events of its own: before(), an event, the
+    launch and an event are queued while a spin kernel holds the GPU (gpu_and_host_ms), so they run back to back and
+    before()'s time is not in the figure. The median of LAUNCHES launches a round, then over pytest-benchmark's
+    rounds, its warm-up round left out."""
     per_round = []
 
     def one_round():
-        both = gpu_and_host_ms(gpu, lambda: (before(), launch()), repeats=LAUNCHES)["gpu_ms"]
-        per_round.append(both - gpu_and_host_ms(gpu, before, repeats=LAUNCHES)["gpu_ms"])
+        marks = []
+
+        def enqueue():
+            before()
+            marks.append(gpu.record())
+            launch()
+            marks.append(gpu.record())
+
+        gpu_and_host_ms(gpu, enqueue, repeats=LAUNCHES)
+        per_round.append(float(np.median([end - start for start, end in zip(marks[::2], marks[1::2])])))
 
     benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
-    benchmark.extra_info.update(gpu_ms_min=round(min(per_round), 5), gpu_ms_max=round(max(per_round), 5))
-    return float(np.median(per_round))
+    timed_rounds = per_round[1:]                 # the first is the warm-up's
+    benchmark.extra_info.update(gpu_ms_min=round(min(timed_rounds), 5), gpu_ms_max=round(max(timed_rounds), 5))
+    return float(np.median(timed_rounds))
 
 
 def hopper_launch(kernels, qkv, out, maps, tables, pieces_parts, nh, nkv, hd, block_size):
@@ -235,6 +246,8 @@ def test_prefill_chunk_attention_after(benchmark, kernels, before):
         def run_before():
             pass
     ms = timed_after(benchmark, gpu, launch, run_before)
+    if before == "gemm":
+        cublas.close()
     benchmark.extra_info.update(kernel="hopper", head_dim=HD, block_size=block_size, chunk_rows=c.rows,
                                 first_position=c.first, tail="split", parts=pieces[1], before=before,
                                 ms_per_layer=round(ms, 3), tflop_per_s=round(c.flops / ms / 1e9, 1))
