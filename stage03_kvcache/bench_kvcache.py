@@ -43,6 +43,7 @@ def test_decode(benchmark, engine, workload):
         steps.append(engine.timings[0])
 
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    steps = steps[-3:]                           # the timed rounds: pytest-benchmark runs the warm-up round first
     step_s = [t.step_s for t in steps]
     record(benchmark, ms_per_decode_step=1e3 * statistics.median(s for run in step_s for s in run),
            ttft_ms=1e3 * statistics.median(t.ttft_s for t in steps), prompt_tokens=len(prompts[0]),
