@@ -66,6 +66,7 @@ def timed(benchmark, gpu, launch) -> float:
         per_round.append(gpu_and_host_ms(gpu, enqueue, repeats=1)["gpu_ms"] / LAUNCHES)
 
     benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
+    per_round = per_round[-5:]                   # the timed rounds: pytest-benchmark runs the warm-up round first
     benchmark.extra_info.update(gpu_ms_min=round(min(per_round), 5), gpu_ms_max=round(max(per_round), 5))
     return float(np.median(per_round))
 
@@ -152,7 +153,7 @@ def timed_after(benchmark, gpu, launch, before) -> float:
     """GPU milliseconds of one launch queued right after before(), between events of its own: before(), an event, the
     launch and an event are queued while a spin kernel holds the GPU (gpu_and_host_ms), so they run back to back and
     before()'s time is not in the figure. The median of LAUNCHES launches a round, then over pytest-benchmark's
-    rounds, its warm-up round left out."""
+    rounds."""
     per_round = []
 
     def one_round():
@@ -168,9 +169,9 @@ def timed_after(benchmark, gpu, launch, before) -> float:
         per_round.append(float(np.median([end - start for start, end in zip(marks[::2], marks[1::2])])))
 
     benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
-    timed_rounds = per_round[1:]                 # the first is the warm-up's
-    benchmark.extra_info.update(gpu_ms_min=round(min(timed_rounds), 5), gpu_ms_max=round(max(timed_rounds), 5))
-    return float(np.median(timed_rounds))
+    per_round = per_round[-5:]                   # the timed rounds: pytest-benchmark runs the warm-up round first
+    benchmark.extra_info.update(gpu_ms_min=round(min(per_round), 5), gpu_ms_max=round(max(per_round), 5))
+    return float(np.median(per_round))
 
 
 def hopper_launch(kernels, qkv, out, maps, tables, pieces_parts, nh, nkv, hd, block_size):
