@@ -79,9 +79,8 @@ def summarize(kernels: list[tuple], declared: Declaration, config, n: int) -> di
 def attention_by_chunk(kernels: list[tuple], config, n: int, budget: int) -> list[dict] | None:
     """Each prompt chunk's attention, for kernels (start ns, end ns, name) in the GPU's order: the chunks of `budget`
     rows, one attention launch a layer each (the kernels whose name begins with "attention", in order), their ms on
-    the critical path and
-    TFLOP/s (a chunk of r rows from position p attends r p + r (r + 1) / 2 pairs a head); None where the launches do
-    not come one a layer a chunk."""
+    the critical path and TFLOP/s (a chunk of r rows from position p attends r p + r (r + 1) / 2 pairs a head); None
+    where the launches do not come one a layer a chunk."""
     # each launch's time on the critical path: from stage10 an attention launch starts early (PDL) and waits inside
     # for the kernel ahead of it, whose time that is
     launches = [ns / 1e6 for ns, (_, _, name) in zip(exposed_ns(kernels), kernels) if name.startswith(ATTENTION)]
