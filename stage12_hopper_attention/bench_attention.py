@@ -203,6 +203,7 @@ def deep_chunk(kernels, hd: int, block_size: int = 16):
     prompt, _ = plan_attention(np.array([[0, rows, 0, first]], np.int32), HOPPER_TILE_M[hd] // (nh // nkv))
     return SimpleNamespace(qkv=qkv, out=gpu.empty((rows, nh * hd), "bf16"), tables=tables, prompt=prompt, nh=nh,
                            nkv=nkv, maps=kv_tensor_maps(gpu, SimpleNamespace(k=[k_cache], v=[v_cache])),
+                           caches=(k_cache, v_cache),     # held: the maps point into them, freed they would dangle
                            first=first, rows=rows, flops=4 * hd * nh * rows * (first + (rows + 1) / 2))
 
 
