@@ -162,8 +162,9 @@ def _history_table(named: list[tuple[str, dict]]) -> str:
     runs = [p for _, p in named]
     labels = [(f"`{p['stage']}` " if p["stage"] != STAGE else "") + p["date"][11:16]
               + ("" if _before_split(p) else f", {p['date'][:10]}") for p in runs]
-    before = (f" A column labelled by its time alone ran the tree before the split, on {runs[0]['date'][:10]}, at the "
-              "point its log folder (below) describes." if any(_before_split(p) for p in runs) else "")
+    split = [p for p in runs if _before_split(p)]
+    before = (f" A column labelled by its time alone ran the tree before the split, on {split[0]['date'][:10]}, at the "
+              "point its log folder (below) describes." if split else "")
     lines = [f"Batch 1, {runs[0]['cache_length']} cached positions, {runs[0]['gpu']}: us a decode step on the critical "
              f"path, the median of {runs[0]['steps']} steps; floors at the copy bandwidth measured in the first "
              f"run.{before}", "",
