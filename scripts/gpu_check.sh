@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/); $2 picks
 # parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv and launch (pytest-benchmark files;
-# launch: tests/bench_launch.py, what a launch costs in a graph), ncu12 (Nsight Compute on stage12's prefill kernels),
+# launch: tests/bench_launch.py, what a launch costs in a graph), ncu10 and ncu12 (Nsight Compute on stage10's decode
+# attention at batch 1, on stage12's prefill kernels),
 # builds (each folder scripts/stage_builds.sh made: its kernel tests BUILD_TESTS, then its BUILD_BENCH files -k
 # BUILD_BENCH_K, one build after another; either `none`: skipped), profile (common.profile, kernel by kernel:
 # PROFILE_RUNS of stage:batch[:eager]), prefill-profile (one long prompt's prefill by kernel group: PREFILL_RUNS of
@@ -77,6 +78,14 @@ fi
 if want launch; then    # chain.cu launched 64 times in a graph: the fixed cost of a kernel boundary, PDL or not
   run bench-launch python3 -m pytest tests/bench_launch.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-launch.json" -q
+fi
+if want ncu10; then     # Nsight Compute on stage10's decode attention at batch 1 (256 keys in 1 and 4 splits): where
+  for splits in 1 4; do  # its 6-9 us a layer go, against a floor of 0.15: stall reasons, memory, the launch
+    run "ncu-decode-256-split$splits" ncu --clock-control none -k "regex:attention_tiles" --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+        --section LaunchStats --section Occupancy python3 -m pytest stage10_fused_kernels/bench_attention.py \
+        -k "decode_split and $splits-256" --benchmark-only -p no:cacheprovider -q
+  done
 fi
 if want ncu12; then     # Nsight Compute on one launch of each prefill kernel at 8,192 tokens: pipes, occupancy, stalls
   for spec in "hopper 64" "hopper 128" "mma 64"; do
