@@ -2,16 +2,16 @@
 # Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/); $2 picks
 # parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv and launch (pytest-benchmark files;
 # launch: tests/bench_launch.py, what a launch costs in a graph), ncu10 and ncu12 (Nsight Compute on stage10's decode
-# attention at batch 1, on stage12's prefill kernels),
-# builds (each folder scripts/stage_builds.sh made: its kernel tests BUILD_TESTS, then its BUILD_BENCH files -k
-# BUILD_BENCH_K, one build after another; either `none`: skipped), profile (common.profile, kernel by kernel:
-# PROFILE_RUNS of stage:batch[:eager]), prefill-profile (one long prompt's prefill by kernel group: PREFILL_RUNS of
-# stage:tokens[:budget]; the SM clock sampled beside it, clocks-*.csv), host-profile (the loop's host time at B = 256,
-# cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load, latency, batch, ragged, long: `common.bench
-# --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k, prefix (and chat), ragged, ragged-kv (the
-# harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS, and max_model_len RAGGED_LEN), serve,
-# serve-rate (the server under load), multigpu (stage13 split over the machine's GPUs: its tests, rank 0's profile, then
-# `latency` and `ragged` at TP = 1, 2 and 4 where there are as many), or all (default; longer than one 10-minute run).
+# attention at batch 1, on stage12's prefill kernels), builds (each folder scripts/stage_builds.sh made: its kernel
+# tests BUILD_TESTS, then its BUILD_BENCH files -k BUILD_BENCH_K, one build after another; either `none`: skipped),
+# profile (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), prefill-profile (one long prompt's
+# prefill by kernel group: PREFILL_RUNS of stage:tokens[:budget]; the SM clock sampled beside it, clocks-*.csv),
+# host-profile (the loop's host time at B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load,
+# latency, batch, ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k,
+# prefix (and chat), ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS,
+# and max_model_len RAGGED_LEN), serve, serve-rate (the server under load), multigpu (stage13 split over the machine's
+# GPUs: its tests, rank 0's profile, then `latency` and `ragged` at TP = 1, 2 and 4 where there are as many), or all
+# (default; longer than one 10-minute run).
 # LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests,
 # TEST_ARGS more pytest arguments (-k ...), CLI_STAGES the CLIs the tests part runs.
 # e.g. bash scripts/gpu_check.sh gpu-logs tests   (LOGS_TAR=F: also one archive of the logs at F)
