@@ -367,7 +367,7 @@ def main(argv=None) -> int:
                     help="every stage that runs the workload and its baselines, in one run (workloads.LADDERS)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="load",
                     help="the requests (common/bench/workloads.py; default: %(default)s; cpu: stages' own loops on "
-                         "the tiny preset where there is no GPU)")
+                         "the tiny preset (--model tiny) where there is no GPU)")
     ap.add_argument("--model", default="llama-3.2-1b", help="a preset or checkpoint folder (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per process (at least 3 for a figure)")
     ap.add_argument("--processes", type=int, default=1,

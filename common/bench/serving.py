@@ -292,8 +292,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stage", default="05", help="the stage served, from 05 on (default: %(default)s)")
     ap.add_argument("--model", default="llama-3.2-1b", help="a preset or checkpoint folder (default: %(default)s)")
     ap.add_argument("--workload", default="ragged", choices=SERVED,
-                    help="the requests (common/bench/workloads.py; default: %(default)s; cpu: the tiny preset "
-                         "where there is no GPU)")
+                    help="the requests (common/bench/workloads.py; default: %(default)s; cpu: requests for the "
+                         "tiny preset, with --model tiny, where there is no GPU)")
     ap.add_argument("--concurrency", type=int, default=256, help="clients at once (default: %(default)s)")
     ap.add_argument("--request-rate", type=float, default=float("inf"), help="requests per second (inf: at once)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs (default: %(default)s)")
