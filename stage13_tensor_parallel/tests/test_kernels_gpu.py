@@ -324,6 +324,15 @@ def test_decode_gives_the_same_result_for_any_split(kernels, rng, hd):
         assert rel_l2(got, outs[0]) < 1e-2
 
 
+# decode rows at GQA ratios 1, 3, 4, 16 and 32 (a row's query heads fill as many of its tile's M-rows), over keys
+# not a multiple of a 32-key tile and over one key; unsplit, split 3 and 8 ways (some splits empty), and as chosen
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("nh, nkv", [(8, 8), (12, 4), (16, 4), (16, 1), (32, 1)])
+def test_decode_rows_split_at_every_gqa_ratio(kernels, rng, nh, nkv, hd):
+    for split in [(1, 700), (3, 256), (8, 96), None]:
+        run_attention(kernels, rng, [700, 1, 65, 200, 129], [1] * 5, nh, nkv, hd, max_len=700, split=split)
+
+
 def test_attention_is_stable_for_huge_scores(kernels, rng):
     for hd in (64, 80):                                   # tensor-core tiles, and the row kernel
         run_attention(kernels, rng, [40, 13], [40, 13], 4, 2, hd, max_len=48, scale=30)   # scores ~ 1e4
