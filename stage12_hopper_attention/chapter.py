@@ -56,7 +56,9 @@ BUILDS = [("2026-12-05-H100-fused-kernels-tested-pipelining-measured",
           ("2026-12-06-H100-prompt-splits/builds",
            [("main then", "b_main"),
             ("last-wave tiles split by keys (main now; one launch over a whole prompt never splits)",
-             "b_wip_prompt_splits")])]
+             "b_wip_prompt_splits")]),
+          ("2026-12-06-H100-pingpong",
+           [("main then", "b_main"), ("ping-pong: the warpgroups issue S in turn", "b_wip_pingpong")])]
 
 
 def tile_plan() -> str:
