@@ -8,7 +8,9 @@ kernel before it, at a given shared memory a block (test_next_kernel_beside_the_
 
 A figure is one replay's GPU time (two events around it) over LAUNCHES, the median of REPLAYS: what a kernel
 boundary costs whatever the kernel does. Fusing kernels removes boundaries; a persistent kernel removes all of them
-(stage10's chapter, section 5). Every replay is checked: each element gained LAUNCHES, so no launch ran early.
+(stage10's chapter, section 5) but meets its blocks at a barrier of the whole grid between dependent steps:
+test_grid_barrier times one (common/kernels/grid_barrier.cu). Every replay is checked: each element gained LAUNCHES,
+so no launch ran early.
 """
 from pathlib import Path
 
@@ -55,6 +57,41 @@ def test_launch(benchmark, gpu, pdl, blocks_per_sm):
     us = [1e3 * m / LAUNCHES for m in ms]
     benchmark.extra_info.update(pdl=pdl, blocks=blocks, threads=THREADS, launches=LAUNCHES,
                                 us_per_launch=round(float(np.median(us)), 3), us_min=round(min(us), 3),
+                                us_max=round(max(us), 3))
+
+
+BARRIER = Path(__file__).resolve().parents[1] / "common" / "kernels" / "grid_barrier.cu"
+ROUNDS = 256
+
+
+@pytest.mark.parametrize("blocks_per_sm", [1, 4], ids=["a-block-an-sm", "four-an-sm"])
+def test_grid_barrier(benchmark, gpu, blocks_per_sm):
+    """common/kernels/grid_barrier.cu: one launch of ROUNDS rounds, each ended by a barrier of the whole grid, less
+    the same launch of no rounds, over ROUNDS: what a persistent kernel pays between two dependent steps, where the
+    kernels of test_launch pay a boundary. Every launch is checked: each block read its neighbour's last round."""
+    from cuda.core import LaunchConfig
+
+    kernel = KernelModule(BARRIER, gpu.arch).kernel("grid_barrier")
+    blocks = blocks_per_sm * gpu.device.properties.multiprocessor_count
+    config = LaunchConfig(grid=blocks, block=THREADS, is_cooperative=True)   # every block resident at once
+    buf, counters = gpu.empty((2 * blocks,), "i32"), gpu.to_device(np.zeros(2, np.uint32))
+
+    def launch_ms(rounds: int) -> float:
+        gpu.fill_bytes(buf, 0)
+        start = gpu.record()
+        gpu.launch(kernel, config, buf.arg, counters.arg, np.int32(rounds))
+        end = gpu.record()
+        end.sync()
+        got = gpu.to_host(buf).reshape(2, blocks)[rounds % 2]
+        assert (got == rounds).all(), f"values {sorted(set(got.tolist()))[:5]} after {rounds} rounds: a block " \
+                                      f"passed a barrier before every block had arrived"
+        return end - start
+
+    launch_ms(ROUNDS)                                                  # compiled and loaded outside the timing
+    us = []
+    benchmark.pedantic(lambda: us.append(1e3 * (launch_ms(ROUNDS) - launch_ms(0)) / ROUNDS), rounds=REPLAYS)
+    benchmark.extra_info.update(blocks=blocks, threads=THREADS, rounds=ROUNDS,
+                                us_per_barrier=round(float(np.median(us)), 3), us_min=round(min(us), 3),
                                 us_max=round(max(us), 3))
 
 
