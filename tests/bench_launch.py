@@ -65,19 +65,21 @@ ROUNDS = 256
 
 
 @pytest.mark.parametrize("blocks_per_sm", [1, 4], ids=["a-block-an-sm", "four-an-sm"])
-def test_grid_barrier(benchmark, gpu, blocks_per_sm):
+@pytest.mark.parametrize("barrier", ["generation", "count"])
+def test_grid_barrier(benchmark, gpu, barrier, blocks_per_sm):
     """common/kernels/grid_barrier.cu: one launch of ROUNDS rounds, each ended by a barrier of the whole grid, less
     the same launch of no rounds, over ROUNDS: what a persistent kernel pays between two dependent steps, where the
     kernels of test_launch pay a boundary. Every launch is checked: each block read its neighbour's last round."""
     from cuda.core import LaunchConfig
 
-    kernel = KernelModule(BARRIER, gpu.arch).kernel("grid_barrier")
+    kernel = KernelModule(BARRIER, gpu.arch).kernel(f"grid_barrier_{barrier}")
     blocks = blocks_per_sm * gpu.device.properties.multiprocessor_count
     config = LaunchConfig(grid=blocks, block=THREADS, is_cooperative=True)   # every block resident at once
     buf, counters = gpu.empty((2 * blocks,), "i32"), gpu.to_device(np.zeros(2, np.uint32))
 
     def launch_ms(rounds: int) -> float:
         gpu.fill_bytes(buf, 0)
+        gpu.fill_bytes(counters, 0)
         start = gpu.record()
         gpu.launch(kernel, config, buf.arg, counters.arg, np.int32(rounds))
         end = gpu.record()
@@ -90,7 +92,7 @@ def test_grid_barrier(benchmark, gpu, blocks_per_sm):
     launch_ms(ROUNDS)                                                  # compiled and loaded outside the timing
     us = []
     benchmark.pedantic(lambda: us.append(1e3 * (launch_ms(ROUNDS) - launch_ms(0)) / ROUNDS), rounds=REPLAYS)
-    benchmark.extra_info.update(blocks=blocks, threads=THREADS, rounds=ROUNDS,
+    benchmark.extra_info.update(barrier=barrier, blocks=blocks, threads=THREADS, rounds=ROUNDS,
                                 us_per_barrier=round(float(np.median(us)), 3), us_min=round(min(us), 3),
                                 us_max=round(max(us), 3))
 

@@ -117,9 +117,9 @@ def test_a_chain_of_launches_keeps_its_order(pdl):
 
 
 def test_blocks_meeting_at_a_grid_barrier_see_each_other_s_last_round():
-    """common/kernels/grid_barrier.cu (tests/bench_launch.py's persistent kernel), one and four blocks an SM, 0, 1,
-    2 and 97 rounds, launched again over the counters it left: every block's value equals the rounds, which a block
-    that passed a barrier early would leave short."""
+    """common/kernels/grid_barrier.cu (tests/bench_launch.py's persistent kernels), both barriers, one and four blocks
+    an SM, 0, 1, 2 and 97 rounds (the generation's launched again over the counters it left): every block's value
+    equals the rounds, which a block that passed a barrier early would leave short; the counts as each says."""
     from pathlib import Path
 
     from cuda.core import LaunchConfig
@@ -127,18 +127,22 @@ def test_blocks_meeting_at_a_grid_barrier_see_each_other_s_last_round():
     from common.compile import KernelModule
 
     gpu = get_gpu()
-    kernel = KernelModule(Path(__file__).resolve().parents[1] / "common" / "kernels" / "grid_barrier.cu",
-                          gpu.arch).kernel("grid_barrier")
-    counters = gpu.to_device(np.zeros(2, np.uint32))
-    for per_sm in (1, 4):
-        blocks = per_sm * gpu.device.properties.multiprocessor_count
-        for rounds in (0, 1, 2, 97):
-            buf = gpu.to_device(np.zeros(2 * blocks, np.int32))
-            gpu.launch(kernel, LaunchConfig(grid=blocks, block=128, is_cooperative=True), buf.arg, counters.arg,
-                       np.int32(rounds))
-            got = gpu.to_host(buf).reshape(2, blocks)[rounds % 2]
-            assert (got == rounds).all(), (per_sm, rounds, sorted(set(got.tolist()))[:5])
-    assert gpu.to_host(counters)[0] == 0                 # every barrier left its count at 0
+    module = KernelModule(Path(__file__).resolve().parents[1] / "common" / "kernels" / "grid_barrier.cu", gpu.arch)
+    for barrier in ("generation", "count"):
+        kernel = module.kernel(f"grid_barrier_{barrier}")
+        counters = gpu.to_device(np.zeros(2, np.uint32))
+        for per_sm in (1, 4):
+            blocks = per_sm * gpu.device.properties.multiprocessor_count
+            for rounds in (0, 1, 2, 97):
+                buf = gpu.to_device(np.zeros(2 * blocks, np.int32))
+                if barrier == "count":
+                    gpu.fill_bytes(counters, 0)          # its count only grows
+                gpu.launch(kernel, LaunchConfig(grid=blocks, block=128, is_cooperative=True), buf.arg, counters.arg,
+                           np.int32(rounds))
+                got = gpu.to_host(buf).reshape(2, blocks)[rounds % 2]
+                assert (got == rounds).all(), (barrier, per_sm, rounds, sorted(set(got.tolist()))[:5])
+                left = gpu.to_host(counters)[0]
+                assert left == (0 if barrier == "generation" else rounds * blocks), (barrier, per_sm, rounds, left)
 
 
 def test_a_kernel_launched_early_ends_after_the_one_before():
