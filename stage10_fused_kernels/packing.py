@@ -29,14 +29,10 @@ persistent batch (input_batch.py). Plain numpy: tested on the CPU (tests/test_pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .block_manager import blocks_for
-
-if TYPE_CHECKING:                      # the scheduler's batch packs through StepInputs: no import at run time
-    from .scheduler import SchedulerOutput
 
 
 @dataclass
@@ -57,10 +53,9 @@ class StepInputs:
         return len(self.tokens)
 
 
-def pack(plan: SchedulerOutput, max_model_len: int, block_size: int) -> StepInputs:
-    """The plan's rows packed from scratch, chunk by chunk from the Sequence objects: the definition. The engine
-    packs through its persistent batch (input_batch.InputBatch.prepare), which gives the same arrays without
-    walking every sequence; tests hold the two equal, and build steps from hand-made plans with this one."""
+def pack(plan, max_model_len: int, block_size: int) -> StepInputs:
+    """The plan's rows packed from scratch, chunk by chunk from the Sequence objects: the definition, which tests
+    hold equal to the persistent batch's (input_batch.InputBatch.prepare) and build hand-made steps with."""
     table_width = blocks_for(max_model_len, block_size)     # the GPU's block tables: entries per seq_slot
     tokens, positions, seq_slots, slots, logit_rows, logit_seq_slots, counters, spans = [], [], [], [], [], [], [], []
     updates = []
@@ -98,8 +93,7 @@ def pack(plan: SchedulerOutput, max_model_len: int, block_size: int) -> StepInpu
 
 
 def with_prev_rows(step: StepInputs) -> StepInputs:
-    """The step with its placeholder tokens (-1 - i: the step before's i-th sampled id, still on the GPU)
-    moved into prev_rows, and 0 in their place in tokens."""
+    """The step with its placeholders (-1 - i: the step before's i-th sampled id) moved to prev_rows, 0 in tokens."""
     pending = step.tokens < 0
     if pending.any():
         step.prev_rows = np.where(pending, -1 - step.tokens, -1).astype(np.int32)

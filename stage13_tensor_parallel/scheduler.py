@@ -122,9 +122,7 @@ class SchedulerStats:
     max_running: int = 0                                     # the most sequences running in one step
     host_s: list[float] = field(default_factory=list)        # per step: the loop's time outside the forward
     forward_s: list[float] = field(default_factory=list)     # per step: the forward, until the GPU is done
-    forward_prefill_rows: list[int] = field(default_factory=list)   # per forward_s: the prompt rows of the step
-    #                                                          waited for (with asynchronous scheduling, the one
-    #                                                          launched by the call before)
+    forward_prefill_rows: list[int] = field(default_factory=list)   # per forward_s: prompt rows of the step waited on
 
     @property
     def slot_waste(self) -> float:
