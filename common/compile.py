@@ -3,7 +3,10 @@
 We compile to cubin (machine code for exactly that arch), never PTX: PTX from an NVRTC newer than the driver
 cannot be JIT-compiled by it, while a cubin for sm_90 runs on any driver that knows sm_90.
 The cache key is everything that can change the machine code: the source, the headers it can include (our
-kernels/*.cuh and the toolkit's cuda_bf16 headers), the options, the arch and the NVRTC version.
+kernels/*.cuh and the toolkit's cuda_bf16 headers), the options, the arch and the NVRTC version. So a cubin is
+found only for byte-identical inputs: an edited kernel, header or define, another GPU generation or another NVRTC
+misses and compiles afresh, and no stale cubin can be loaded. Stages whose kernel files are copies share one
+cubin. The folder ($TINY_VLLM_KERNEL_CACHE, default the cache root's kernels/) can be copied to another machine.
 """
 from __future__ import annotations
 
@@ -22,6 +25,12 @@ class KernelCompileError(RuntimeError):
 def cache_root() -> Path:
     """Where compiled kernels and generated checkpoints live: $TINY_VLLM_CACHE or ~/.cache/tiny-vllm."""
     return Path(os.environ.get("TINY_VLLM_CACHE", Path.home() / ".cache" / "tiny-vllm"))
+
+
+def kernel_cache() -> Path:
+    """Where compiled cubins live: $TINY_VLLM_KERNEL_CACHE, or kernels/ under the cache root. A folder of its own
+    so that it can travel without the checkpoints beside it (scripts/gpu_check.sh carries it from run to run)."""
+    return Path(os.environ.get("TINY_VLLM_KERNEL_CACHE", cache_root() / "kernels"))
 
 
 @functools.cache
@@ -85,7 +94,7 @@ def compile_cubin(path: Path, arch: str, defines: tuple[str, ...] = ()) -> bytes
     headers = {p.name: p.read_text() for p in sorted(path.parent.glob("*.cuh"))}
     options = (f"-std={CUDA_STD}", *(f"-D{d}" for d in defines))
     key = cache_key(source, headers, options, arch)
-    cached = cache_root() / "kernels" / f"{path.stem}-{arch}-{key[:20]}.cubin"
+    cached = kernel_cache() / f"{path.stem}-{arch}-{key[:20]}.cubin"
     if cached.exists():
         return cached.read_bytes()
     opts = ProgramOptions(name=path.name, arch=arch, std=CUDA_STD,

@@ -14,6 +14,7 @@ KERNELS = sorted([*ROOT.glob("stage*/kernels/*.cu"), *ROOT.glob("common/kernels/
 @pytest.fixture(autouse=True)
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TINY_VLLM_CACHE", str(tmp_path))
+    monkeypatch.delenv("TINY_VLLM_KERNEL_CACHE", raising=False)
 
 
 @pytest.mark.parametrize("path", KERNELS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
@@ -36,6 +37,16 @@ def test_cache_hits_and_keys(tmp_path):
     nvrtc.compile_cubin(src, "sm_90", defines=("N=4",))              # options change the key
     nvrtc.compile_cubin(src, "sm_80")                                # so does the arch
     assert len(list((tmp_path / "kernels").glob("k-*.cubin"))) == 3
+
+
+def test_the_kernel_cache_can_live_apart_from_the_cache_root(tmp_path, monkeypatch):
+    """$TINY_VLLM_KERNEL_CACHE: the cubins alone, in a folder that can be copied to the next machine."""
+    src = tmp_path / "k.cu"
+    src.write_text('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 2.0f; }\n')
+    monkeypatch.setenv("TINY_VLLM_KERNEL_CACHE", str(tmp_path / "carried"))
+    first = nvrtc.compile_cubin(src, "sm_90")
+    assert [p.read_bytes() for p in (tmp_path / "carried").glob("k-sm_90-*.cubin")] == [first]
+    assert not (tmp_path / "kernels").exists()
 
 
 def test_a_kernel_file_naming_sm_90a_on_its_first_line_is_built_for_it(tmp_path):
