@@ -25,6 +25,10 @@ shape and passes that as `noise`: the bound is then 2 max(max |got − want|, no
 Property tests (CPU, every stage's scheduler and block manager) run one check over many seeds: `for_each_seed`
 loops over them in one test and fails naming the smallest seed that fails, and `seed_ranges` gives such a test
 a few hundred seeds in every run and the whole range under the `slow` marker.
+
+Kernel tests over many sizes (shapes, warps a column, block sizes) run them in one test: `cases` stands where
+`pytest.mark.parametrize` would, with the same arguments, and loops over every case inside one test case, failing
+once with each failing case named by its parameters.
 """
 from __future__ import annotations
 
@@ -156,3 +160,79 @@ def seed_ranges(default: int, full: int):
     return pytest.mark.parametrize("seeds", [
         pytest.param(range(default), id=f"first-{default}-seeds"),
         pytest.param(range(full), id=f"all-{full}-seeds", marks=pytest.mark.slow)])
+
+
+def cases(argnames: str, argvalues):
+    """A decorator in place of `pytest.mark.parametrize(argnames, argvalues)` for sizes and shapes: the test is
+    collected once and calls its body for every case (the product of every `cases` stacked on it, the top one
+    outermost), with the same arguments a parametrised case would get; the fixtures are requested once, so a
+    function-scoped one (rng) is shared by the cases. Where any case fails (an assertion, any other error, or
+    pytest.fail), raise one AssertionError naming the first failing case by its parameters and its error (chained,
+    so its traceback shows), how many cases failed, and the next few. A case that calls pytest.skip is left out;
+    the test is skipped only where every case is. A parametrisation that separates different things (a kernel
+    kind) stays pytest's, above or below these."""
+    import functools
+    import inspect
+    import itertools
+
+    import pytest
+
+    names = [n.strip() for n in argnames.split(",")] if isinstance(argnames, str) else list(argnames)
+    rows = []
+    for v in argvalues:
+        if isinstance(v, type(pytest.param(None))):
+            if v.marks:
+                raise TypeError(f"cases({argnames!r}): a value with marks ({v.marks}) needs pytest.mark.parametrize")
+            v = v.values if len(names) > 1 else v.values[0]
+        rows.append(tuple(v) if len(names) > 1 else (v,))
+        if len(rows[-1]) != len(names):
+            raise TypeError(f"cases({argnames!r}): {v!r} is not {len(names)} values")
+    if not rows:
+        raise TypeError(f"cases({argnames!r}): no values")
+
+    def decorate(fn):
+        inner = getattr(fn, "_cases_inner", fn)
+        axes = [(names, rows)] + getattr(fn, "_cases_axes", [])
+        given = [n for ns, _ in axes for n in ns]
+        sig = inspect.signature(inner)
+        missing = [n for n in given if n not in sig.parameters]
+        if missing or len(set(given)) < len(given):
+            raise TypeError(f"{inner.__name__}: cases {given} not each one of its parameters once")
+
+        def test(*args, **kwargs):
+            failures, skips, n = [], [], 0
+            for combo in itertools.product(*(r for _, r in axes)):
+                case = {name: value for (ns, _), row in zip(axes, combo) for name, value in zip(ns, row)}
+                n += 1
+                try:
+                    inner(*args, **kwargs, **case)
+                except pytest.skip.Exception as e:
+                    skips.append((case, e))
+                except (Exception, pytest.fail.Exception) as e:
+                    failures.append((case, None if failures else e))    # a later error's frames (and the
+                    #                                                        device arrays they hold) are let go
+            if failures:
+                (case, err), others = failures[0], [_case_name(c) for c, _ in failures[1:4]]
+                then = f" (then {'; '.join(others)}{'; ...' if len(failures) > 4 else ''})" if others else ""
+                raise AssertionError(f"{_case_name(case)} fails, the first of {len(failures)} failing cases of {n}"
+                                     f"{then}: {type(err).__name__}: {err}") from err
+            if skips and len(skips) == n:
+                pytest.skip(f"all {n} cases: {skips[0][1]}")
+            for case, e in skips:
+                print(f"skipped {_case_name(case)}: {e}")
+
+        functools.update_wrapper(test, fn)
+        test._cases_inner, test._cases_axes = inner, axes
+        test.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name not in given])
+        return test
+
+    return decorate
+
+
+def _case_name(case: dict) -> str:
+    """`M=3, N=37, K=264`: one case's parameters, each value's repr cut at 60 characters."""
+    def short(v):
+        r = repr(v)
+        return r if len(r) <= 60 else r[:57] + "..."
+
+    return ", ".join(f"{k}={short(v)}" for k, v in case.items())
