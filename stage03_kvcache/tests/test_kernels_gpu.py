@@ -7,6 +7,7 @@ import pytest
 from common.bf16 import bf16_to_f32, f32_to_bf16, round_to_bf16
 from common.device import get_gpu
 from common.reference import apply_rope, rms_norm, silu, softmax
+from common.testing import cases
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +47,7 @@ def read(gpu, arr):
     return bf16_to_f32(host) if arr.dtype == "bf16" else host
 
 
-@pytest.mark.parametrize("T, H", [(1, 64), (7, 2048), (33, 1000), (5, 257 * 2)])
+@cases("T, H", [(1, 64), (7, 2048), (33, 1000), (5, 257 * 2)])
 def test_rms_norm(kernels, rng, T, H):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 3, (T, H)))
@@ -56,7 +57,7 @@ def test_rms_norm(kernels, rng, T, H):
     assert rel_l2(read(gpu, y), rms_norm(xf, wf, 1e-5)) < 1e-2
 
 
-@pytest.mark.parametrize("T, H", [(1, 64), (9, 2048), (31, 998)])
+@cases("T, H", [(1, 64), (9, 2048), (31, 998)])
 def test_add_rms_norm_updates_the_residual_and_norms_the_sum(kernels, rng, T, H):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 2, (T, H)))
@@ -69,8 +70,8 @@ def test_add_rms_norm_updates_the_residual_and_norms_the_sum(kernels, rng, T, H)
     assert rel_l2(read(gpu, y), rms_norm(round_to_bf16(s), wf, 1e-5)) < 1e-2
 
 
-@pytest.mark.parametrize("T, nh, nkv, hd, pos0", [(1, 4, 2, 16, 0), (13, 32, 8, 64, 0), (5, 6, 3, 32, 1000),
-                                                  (70, 8, 8, 64, 3)])
+@cases("T, nh, nkv, hd, pos0", [(1, 4, 2, 16, 0), (13, 32, 8, 64, 0), (5, 6, 3, 32, 1000),
+                                (70, 8, 8, 64, 3)])
 def test_rope_rotates_q_and_k_and_leaves_v(kernels, rng, T, nh, nkv, hd, pos0):
     from dataclasses import replace
 
@@ -92,7 +93,7 @@ def test_rope_rotates_q_and_k_and_leaves_v(kernels, rng, T, nh, nkv, hd, pos0):
     assert np.array_equal(got[:, rot:], qkvf[:, rot:])                   # v untouched
 
 
-@pytest.mark.parametrize("T, inter", [(1, 8192), (11, 192), (4, 1002)])
+@cases("T, inter", [(1, 8192), (11, 192), (4, 1002)])
 def test_silu_mul(kernels, rng, T, inter):
     gpu = kernels.gpu
     gu, guf = bf16(gpu, rng.normal(0, 3, (T, 2 * inter)))
@@ -144,8 +145,8 @@ def test_kv_write_appends_exactly(kernels, rng):
 
 
 # prefill: GQA ratios 1, 2, 4, 8; T not a multiple of the 256-thread block; T > 256 makes threads loop
-@pytest.mark.parametrize("T, nh, nkv, hd", [(1, 4, 4, 16), (17, 8, 4, 32), (300, 32, 8, 64), (65, 8, 1, 64),
-                                            (3, 2, 1, 128)])
+@cases("T, nh, nkv, hd", [(1, 4, 4, 16), (17, 8, 4, 32), (300, 32, 8, 64), (65, 8, 1, 64),
+                          (3, 2, 1, 128)])
 def test_prefill_attention_causal_gqa(kernels, rng, T, nh, nkv, hd):
     got, got_p, want, p = run_attention(kernels, rng, T, 0, nh, nkv, hd)
     assert rel_l2(got, want) < 1e-2
@@ -154,7 +155,7 @@ def test_prefill_attention_causal_gqa(kernels, rng, T, nh, nkv, hd):
 
 
 # decode: one query over cache lengths 1, 7, 128, 1000 and the whole cache (max_model_len)
-@pytest.mark.parametrize("length, max_len", [(1, 16), (7, 16), (128, 300), (1000, 1001), (2048, 2048)])
+@cases("length, max_len", [(1, 16), (7, 16), (128, 300), (1000, 1001), (2048, 2048)])
 def test_decode_attention_over_the_cache(kernels, rng, length, max_len):
     got, got_p, want, p = run_attention(kernels, rng, 1, length - 1, 32, 8, 64, max_len=max_len)
     assert rel_l2(got, want) < 1e-2

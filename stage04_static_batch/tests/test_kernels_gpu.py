@@ -7,6 +7,7 @@ import pytest
 from common.bf16 import bf16_to_f32, f32_to_bf16, round_to_bf16
 from common.device import get_gpu
 from common.reference import apply_rope, rms_norm, silu, softmax
+from common.testing import cases
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +47,7 @@ def read(gpu, arr):
     return bf16_to_f32(host) if arr.dtype == "bf16" else host
 
 
-@pytest.mark.parametrize("T, H", [(1, 64), (7, 2048), (33, 1000), (5, 257 * 2)])
+@cases("T, H", [(1, 64), (7, 2048), (33, 1000), (5, 257 * 2)])
 def test_rms_norm(kernels, rng, T, H):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 3, (T, H)))
@@ -56,7 +57,7 @@ def test_rms_norm(kernels, rng, T, H):
     assert rel_l2(read(gpu, y), rms_norm(xf, wf, 1e-5)) < 1e-2
 
 
-@pytest.mark.parametrize("T, H", [(1, 64), (9, 2048), (31, 998)])
+@cases("T, H", [(1, 64), (9, 2048), (31, 998)])
 def test_add_rms_norm_updates_the_residual_and_norms_the_sum(kernels, rng, T, H):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 2, (T, H)))
@@ -69,8 +70,8 @@ def test_add_rms_norm_updates_the_residual_and_norms_the_sum(kernels, rng, T, H)
     assert rel_l2(read(gpu, y), rms_norm(round_to_bf16(s), wf, 1e-5)) < 1e-2
 
 
-@pytest.mark.parametrize("T, nh, nkv, hd, max_len", [(1, 4, 2, 16, 8), (13, 32, 8, 64, 40), (5, 6, 3, 32, 1100),
-                                                     (70, 8, 8, 64, 300)])
+@cases("T, nh, nkv, hd, max_len", [(1, 4, 2, 16, 8), (13, 32, 8, 64, 40), (5, 6, 3, 32, 1100),
+                                   (70, 8, 8, 64, 300)])
 def test_rope_rotates_each_row_by_its_own_position(kernels, rng, T, nh, nkv, hd, max_len):
     from dataclasses import replace
 
@@ -93,7 +94,7 @@ def test_rope_rotates_each_row_by_its_own_position(kernels, rng, T, nh, nkv, hd,
     assert np.array_equal(got[:, rot:], qkvf[:, rot:])                   # v untouched
 
 
-@pytest.mark.parametrize("T, inter", [(1, 8192), (11, 192), (4, 1002)])
+@cases("T, inter", [(1, 8192), (11, 192), (4, 1002)])
 def test_silu_mul(kernels, rng, T, inter):
     gpu = kernels.gpu
     gu, guf = bf16(gpu, rng.normal(0, 3, (T, 2 * inter)))
@@ -171,15 +172,15 @@ def test_kv_write_writes_each_row_to_its_slot_and_skips_minus_one(kernels, rng):
 
 
 # prefill: padded sequences of mixed lengths; GQA ratios 1, 2, 4, 8; T > 256 makes threads loop
-@pytest.mark.parametrize("lengths, nh, nkv, hd", [([1], 4, 4, 16), ([17, 5, 9], 8, 4, 32), ([300, 257], 32, 8, 64),
-                                                  ([65, 1, 64], 8, 1, 64), ([3, 2], 2, 1, 128)])
+@cases("lengths, nh, nkv, hd", [([1], 4, 4, 16), ([17, 5, 9], 8, 4, 32), ([300, 257], 32, 8, 64),
+                                ([65, 1, 64], 8, 1, 64), ([3, 2], 2, 1, 128)])
 def test_prefill_attention_causal_gqa_over_padded_sequences(kernels, rng, lengths, nh, nkv, hd):
     run_attention(kernels, rng, lengths, max(lengths), nh, nkv, hd, max_len=max(lengths) + 3, first_seq=1)
 
 
 # decode: one row per sequence, each over its own cache length: 1, 7, 128, 1000 and the whole cache
-@pytest.mark.parametrize("lengths, max_len", [([1, 7], 16), ([128, 3, 129, 64, 1], 300), ([1000, 1], 1001),
-                                              ([2048], 2048), (list(range(1, 65)), 80)])
+@cases("lengths, max_len", [([1, 7], 16), ([128, 3, 129, 64, 1], 300), ([1000, 1], 1001),
+                            ([2048], 2048), (list(range(1, 65)), 80)])
 def test_decode_attention_over_per_sequence_lengths(kernels, rng, lengths, max_len):
     run_attention(kernels, rng, lengths, 1, 32, 8, 64, max_len=max_len)
 

@@ -7,6 +7,7 @@ import pytest
 from common.bf16 import bf16_to_f32, f32_to_bf16, round_to_bf16
 from common.device import get_gpu
 from common.reference import apply_rope, rms_norm, silu, softmax
+from common.testing import cases
 
 pytestmark = pytest.mark.gpu
 
@@ -46,7 +47,7 @@ def read(gpu, arr):
     return bf16_to_f32(host) if arr.dtype == "bf16" else host
 
 
-@pytest.mark.parametrize("T, H", [(1, 64), (7, 2048), (33, 1000), (5, 257 * 2)])
+@cases("T, H", [(1, 64), (7, 2048), (33, 1000), (5, 257 * 2)])
 def test_rms_norm(kernels, rng, T, H):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 3, (T, H)))
@@ -56,7 +57,7 @@ def test_rms_norm(kernels, rng, T, H):
     assert rel_l2(read(gpu, y), rms_norm(xf, wf, 1e-5)) < 1e-2
 
 
-@pytest.mark.parametrize("T, H", [(1, 64), (9, 2048), (31, 998)])
+@cases("T, H", [(1, 64), (9, 2048), (31, 998)])
 def test_add_rms_norm_updates_the_residual_and_norms_the_sum(kernels, rng, T, H):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 2, (T, H)))
@@ -69,8 +70,8 @@ def test_add_rms_norm_updates_the_residual_and_norms_the_sum(kernels, rng, T, H)
     assert rel_l2(read(gpu, y), rms_norm(round_to_bf16(s), wf, 1e-5)) < 1e-2
 
 
-@pytest.mark.parametrize("T, nh, nkv, hd, max_len", [(1, 4, 2, 16, 8), (13, 32, 8, 64, 40), (5, 6, 3, 32, 1100),
-                                                     (70, 8, 8, 64, 300)])
+@cases("T, nh, nkv, hd, max_len", [(1, 4, 2, 16, 8), (13, 32, 8, 64, 40), (5, 6, 3, 32, 1100),
+                                   (70, 8, 8, 64, 300)])
 def test_rope_rotates_each_row_by_its_own_position(kernels, rng, T, nh, nkv, hd, max_len):
     from dataclasses import replace
 
@@ -93,7 +94,7 @@ def test_rope_rotates_each_row_by_its_own_position(kernels, rng, T, nh, nkv, hd,
     assert np.array_equal(got[:, rot:], qkvf[:, rot:])                   # v untouched
 
 
-@pytest.mark.parametrize("T, inter", [(1, 8192), (11, 192), (4, 1002)])
+@cases("T, inter", [(1, 8192), (11, 192), (4, 1002)])
 def test_silu_mul(kernels, rng, T, inter):
     gpu = kernels.gpu
     gu, guf = bf16(gpu, rng.normal(0, 3, (T, 2 * inter)))
@@ -230,12 +231,12 @@ def test_kv_write_writes_each_row_to_its_slot_and_skips_minus_one(kernels, rng):
 # prefill: whole prompts of mixed lengths around the 64-row and 64-key tiles (1, 7, 31..33, 63..65, 127, 1000);
 # GQA ratios 1, 2, 3 (64 / 3 rows a tile, one M-row spare), 4, 8 and 32 (2 rows a tile); head_dim 64 and 128 on
 # tensor cores, and 16, 32, 80 and 256, which take every row through the row kernel
-@pytest.mark.parametrize("lengths, nh, nkv, hd", [([1], 4, 4, 16), ([17, 5, 9], 8, 4, 32), ([300, 257], 32, 8, 64),
-                                                  ([65, 1, 64], 8, 1, 64), ([3, 2], 2, 1, 128),
-                                                  ([7, 63, 127], 12, 4, 64), ([31, 32, 33], 6, 2, 128),
-                                                  ([1000], 32, 8, 64), ([40, 9], 32, 1, 64), ([20, 3], 4, 2, 80),
-                                                  ([50], 4, 2, 256), ([129, 22], 9, 3, 64), ([200], 8, 8, 128),
-                                                  ([70, 64], 16, 2, 128)])
+@cases("lengths, nh, nkv, hd", [([1], 4, 4, 16), ([17, 5, 9], 8, 4, 32), ([300, 257], 32, 8, 64),
+                                ([65, 1, 64], 8, 1, 64), ([3, 2], 2, 1, 128),
+                                ([7, 63, 127], 12, 4, 64), ([31, 32, 33], 6, 2, 128),
+                                ([1000], 32, 8, 64), ([40, 9], 32, 1, 64), ([20, 3], 4, 2, 80),
+                                ([50], 4, 2, 256), ([129, 22], 9, 3, 64), ([200], 8, 8, 128),
+                                ([70, 64], 16, 2, 128)])
 def test_prefill_attention_causal_gqa(kernels, rng, lengths, nh, nkv, hd):
     _, (prompt, decode, _) = run_attention(kernels, rng, lengths, lengths, nh, nkv, hd, max_len=max(lengths) + 3,
                                            first_seq=1)
@@ -246,19 +247,19 @@ def test_prefill_attention_causal_gqa(kernels, rng, lengths, nh, nkv, hd):
 
 
 # long prompts at the 1B ratio (4 query heads a K/V head): 4097 (one row past a tile) and 8192
-@pytest.mark.parametrize("length, hd", [(4097, 64), (8192, 64), (4097, 128)])
+@cases("length, hd", [(4097, 64), (8192, 64), (4097, 128)])
 def test_long_prefill_attention(kernels, rng, length, hd):
     run_attention(kernels, rng, [length], [length], 4, 1, hd, max_len=length)
 
 
 # decode: one row per sequence, each over its own cache length: 1, 7, 128, 1000, 4097, 8192 and the whole cache
-@pytest.mark.parametrize("lengths, max_len", [([1, 7], 16), ([128, 3, 129, 64, 1], 300), ([1000, 1], 1001),
-                                              ([2048], 2048), (list(range(1, 65)), 80), ([4097, 8192, 5], 8192)])
+@cases("lengths, max_len", [([1, 7], 16), ([128, 3, 129, 64, 1], 300), ([1000, 1], 1001),
+                            ([2048], 2048), (list(range(1, 65)), 80), ([4097, 8192, 5], 8192)])
 def test_decode_attention_over_per_sequence_lengths(kernels, rng, lengths, max_len):
     run_attention(kernels, rng, lengths, [1] * len(lengths), 32, 8, 64, max_len=max_len)
 
 
-@pytest.mark.parametrize("hd", [64, 128])
+@cases("hd", [64, 128])
 def test_decode_gives_the_same_result_for_any_split(kernels, rng, hd):
     """The same decode rows (lengths 1..3000) with their keys split 1, 2, 7 and 32 ways (96 keys each: most
     splits of the short rows are empty), and as decode_split() chooses: every run within bf16 tolerance of the
@@ -281,7 +282,7 @@ def test_attention_is_stable_for_huge_scores(kernels, rng):
         run_attention(kernels, rng, [400, 13], [1, 1], 4, 2, hd, max_len=400, scale=30, split=(4, 100))
 
 
-@pytest.mark.parametrize("hd", [32, 80, 256])
+@cases("hd", [32, 80, 256])
 def test_decode_rows_split_on_the_row_kernel(kernels, rng, hd):
     """head_dims without a tensor-core kernel: decode rows over up to 3000 keys, split."""
     run_attention(kernels, rng, [3000, 5, 1200], [1, 1, 1], 8, 2, hd, max_len=3000, split=(6, 512))
@@ -305,8 +306,8 @@ def test_a_chunked_prefill_equals_the_whole_prompt(kernels, rng):
     assert rel_l2(b, a) < 1e-2
 
 
-@pytest.mark.parametrize("block_size", [1, 8, 16, 32, 256])
-@pytest.mark.parametrize("hd", [64, 128, 80])
+@cases("block_size", [1, 8, 16, 32, 256])
+@cases("hd", [64, 128, 80])
 def test_packed_rows_of_many_sequences_in_one_step(kernels, rng, block_size, hd):
     """Rows of six sequences interleaved as a continuous batch packs them, around block boundaries: decode rows
     at positions 14, 15, 16 (the last of a block of 16, the first of the next) and 999, a whole 17-token prompt,
@@ -340,8 +341,8 @@ def test_packed_rows_of_many_sequences_in_one_step(kernels, rng, block_size, hd)
         assert rel_l2(got[rows], want) < 1e-2, f"seq_slot {b}"
 
 
-@pytest.mark.parametrize("length", [15, 16, 17, 1000])
-@pytest.mark.parametrize("block_size", [8, 16, 32])
+@cases("length", [15, 16, 17, 1000])
+@cases("block_size", [8, 16, 32])
 def test_prompts_and_decodes_at_block_boundaries(kernels, rng, length, block_size):
     """A whole prompt, a decode row and a last chunk of a prompt, each `length` positions long, at the 1B's shape."""
     for new in (length, 1, max(1, length // 3)):

@@ -7,6 +7,7 @@ import pytest
 from common.bf16 import bf16_to_f32, f32_to_bf16, round_to_bf16
 from common.device import get_gpu
 from common.reference import apply_rope, rms_norm, silu, softmax
+from common.testing import cases
 
 pytestmark = pytest.mark.gpu
 
@@ -47,7 +48,7 @@ def read(gpu, arr):
 
 
 # H a multiple of 8: 16-byte loads (4104: 513 loads over 256 threads); 514 and 998: element by element
-@pytest.mark.parametrize("T, H", [(1, 64), (7, 2048), (33, 1000), (5, 257 * 2), (3, 4104)])
+@cases("T, H", [(1, 64), (7, 2048), (33, 1000), (5, 257 * 2), (3, 4104)])
 def test_rms_norm(kernels, rng, T, H):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 3, (T, H)))
@@ -57,7 +58,7 @@ def test_rms_norm(kernels, rng, T, H):
     assert rel_l2(read(gpu, y), rms_norm(xf, wf, 1e-5)) < 1e-2
 
 
-@pytest.mark.parametrize("T, H", [(1, 64), (9, 2048), (31, 998), (2, 4104)])
+@cases("T, H", [(1, 64), (9, 2048), (31, 998), (2, 4104)])
 def test_add_rms_norm_updates_the_residual_and_norms_the_sum(kernels, rng, T, H):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 2, (T, H)))
@@ -70,8 +71,8 @@ def test_add_rms_norm_updates_the_residual_and_norms_the_sum(kernels, rng, T, H)
     assert rel_l2(read(gpu, y), rms_norm(round_to_bf16(s), wf, 1e-5)) < 1e-2
 
 
-@pytest.mark.parametrize("T, nh, nkv, hd, max_len", [(1, 4, 2, 16, 8), (13, 32, 8, 64, 40), (5, 6, 3, 32, 1100),
-                                                     (70, 8, 8, 64, 300)])
+@cases("T, nh, nkv, hd, max_len", [(1, 4, 2, 16, 8), (13, 32, 8, 64, 40), (5, 6, 3, 32, 1100),
+                                   (70, 8, 8, 64, 300)])
 def test_rope_rotates_each_row_by_its_own_position_and_its_rotated_k_is_cached(kernels, rng, T, nh, nkv, hd,
                                                                                 max_len):
     """rope_kv_write with RoPE: q and k heads rotated in place, v untouched, and each row's rotated k and its v
@@ -114,7 +115,7 @@ def check_cache_writes(gpu, k_cache, v_cache, slots, k_rows, v_rows):
     assert np.isnan(k[untouched]).all() and np.isnan(v[untouched]).all()
 
 
-@pytest.mark.parametrize("T, inter", [(1, 8192), (11, 192), (4, 1002)])
+@cases("T, inter", [(1, 8192), (11, 192), (4, 1002)])
 def test_silu_mul(kernels, rng, T, inter):
     gpu = kernels.gpu
     gu, guf = bf16(gpu, rng.normal(0, 3, (T, 2 * inter)))
@@ -255,12 +256,12 @@ def test_the_cache_write_puts_each_row_in_its_slot_and_skips_minus_one(kernels, 
 # prefill: whole prompts of mixed lengths around the 64-row and 64-key tiles (1, 7, 31..33, 63..65, 127, 1000);
 # GQA ratios 1, 2, 3 (64 / 3 rows a tile, one M-row spare), 4, 8 and 32 (2 rows a tile); head_dim 64 and 128 on
 # tensor cores, and 16, 32, 80 and 256, which take every row through the row kernel
-@pytest.mark.parametrize("lengths, nh, nkv, hd", [([1], 4, 4, 16), ([17, 5, 9], 8, 4, 32), ([300, 257], 32, 8, 64),
-                                                  ([65, 1, 64], 8, 1, 64), ([3, 2], 2, 1, 128),
-                                                  ([7, 63, 127], 12, 4, 64), ([31, 32, 33], 6, 2, 128),
-                                                  ([1000], 32, 8, 64), ([40, 9], 32, 1, 64), ([20, 3], 4, 2, 80),
-                                                  ([50], 4, 2, 256), ([129, 22], 9, 3, 64), ([200], 8, 8, 128),
-                                                  ([70, 64], 16, 2, 128)])
+@cases("lengths, nh, nkv, hd", [([1], 4, 4, 16), ([17, 5, 9], 8, 4, 32), ([300, 257], 32, 8, 64),
+                                ([65, 1, 64], 8, 1, 64), ([3, 2], 2, 1, 128),
+                                ([7, 63, 127], 12, 4, 64), ([31, 32, 33], 6, 2, 128),
+                                ([1000], 32, 8, 64), ([40, 9], 32, 1, 64), ([20, 3], 4, 2, 80),
+                                ([50], 4, 2, 256), ([129, 22], 9, 3, 64), ([200], 8, 8, 128),
+                                ([70, 64], 16, 2, 128)])
 def test_prefill_attention_causal_gqa(kernels, rng, lengths, nh, nkv, hd):
     _, (prompt, decode, _) = run_attention(kernels, rng, lengths, lengths, nh, nkv, hd, max_len=max(lengths) + 3,
                                            first_seq=1)
@@ -271,19 +272,19 @@ def test_prefill_attention_causal_gqa(kernels, rng, lengths, nh, nkv, hd):
 
 
 # long prompts at the 1B ratio (4 query heads a K/V head): 4097 (one row past a tile) and 8192
-@pytest.mark.parametrize("length, hd", [(4097, 64), (8192, 64), (4097, 128)])
+@cases("length, hd", [(4097, 64), (8192, 64), (4097, 128)])
 def test_long_prefill_attention(kernels, rng, length, hd):
     run_attention(kernels, rng, [length], [length], 4, 1, hd, max_len=length)
 
 
 # decode: one row per sequence, each over its own cache length: 1, 7, 128, 1000, 4097, 8192 and the whole cache
-@pytest.mark.parametrize("lengths, max_len", [([1, 7], 16), ([128, 3, 129, 64, 1], 300), ([1000, 1], 1001),
-                                              ([2048], 2048), (list(range(1, 65)), 80), ([4097, 8192, 5], 8192)])
+@cases("lengths, max_len", [([1, 7], 16), ([128, 3, 129, 64, 1], 300), ([1000, 1], 1001),
+                            ([2048], 2048), (list(range(1, 65)), 80), ([4097, 8192, 5], 8192)])
 def test_decode_attention_over_per_sequence_lengths(kernels, rng, lengths, max_len):
     run_attention(kernels, rng, lengths, [1] * len(lengths), 32, 8, 64, max_len=max_len)
 
 
-@pytest.mark.parametrize("hd", [64, 128])
+@cases("hd", [64, 128])
 def test_decode_gives_the_same_result_for_any_split(kernels, rng, hd):
     """The same decode rows (lengths 1..3000) with their keys split 1, 2, 7 and 32 ways (96 keys each: most
     splits of the short rows are empty), and as decode_split() chooses: every run within bf16 tolerance of the
@@ -302,8 +303,8 @@ def test_decode_gives_the_same_result_for_any_split(kernels, rng, hd):
 
 # decode rows at GQA ratios 1, 3, 4, 16 and 32 (a row's query heads fill as many of its tile's M-rows), over keys
 # not a multiple of a 32-key tile and over one key; unsplit, split 3 and 8 ways (some splits empty), and as chosen
-@pytest.mark.parametrize("hd", [64, 128])
-@pytest.mark.parametrize("nh, nkv", [(8, 8), (12, 4), (16, 4), (16, 1), (32, 1)])
+@cases("hd", [64, 128])
+@cases("nh, nkv", [(8, 8), (12, 4), (16, 4), (16, 1), (32, 1)])
 def test_decode_rows_split_at_every_gqa_ratio(kernels, rng, nh, nkv, hd):
     for split in [(1, 700), (3, 256), (8, 96), None]:
         run_attention(kernels, rng, [700, 1, 65, 200, 129], [1] * 5, nh, nkv, hd, max_len=700, split=split)
@@ -315,7 +316,7 @@ def test_attention_is_stable_for_huge_scores(kernels, rng):
         run_attention(kernels, rng, [400, 13], [1, 1], 4, 2, hd, max_len=400, scale=30, split=(4, 100))
 
 
-@pytest.mark.parametrize("hd", [32, 80, 256])
+@cases("hd", [32, 80, 256])
 def test_decode_rows_split_on_the_row_kernel(kernels, rng, hd):
     """head_dims without a tensor-core kernel: decode rows over up to 3000 keys, split."""
     run_attention(kernels, rng, [3000, 5, 1200], [1, 1, 1], 8, 2, hd, max_len=3000, split=(6, 512))
@@ -339,8 +340,8 @@ def test_a_chunked_prefill_equals_the_whole_prompt(kernels, rng):
     assert rel_l2(b, a) < 1e-2
 
 
-@pytest.mark.parametrize("block_size", [1, 8, 16, 32, 256])
-@pytest.mark.parametrize("hd", [64, 128, 80])
+@cases("block_size", [1, 8, 16, 32, 256])
+@cases("hd", [64, 128, 80])
 def test_packed_rows_of_many_sequences_in_one_step(kernels, rng, block_size, hd):
     """Rows of six sequences interleaved as a continuous batch packs them, around block boundaries: decode rows
     at positions 14, 15, 16 (the last of a block of 16, the first of the next) and 999, a whole 17-token prompt,
@@ -374,8 +375,8 @@ def test_packed_rows_of_many_sequences_in_one_step(kernels, rng, block_size, hd)
         assert rel_l2(got[rows], want) < 1e-2, f"seq_slot {b}"
 
 
-@pytest.mark.parametrize("length", [15, 16, 17, 1000])
-@pytest.mark.parametrize("block_size", [8, 16, 32])
+@cases("length", [15, 16, 17, 1000])
+@cases("block_size", [8, 16, 32])
 def test_prompts_and_decodes_at_block_boundaries(kernels, rng, length, block_size):
     """A whole prompt, a decode row and a last chunk of a prompt, each `length` positions long, at the 1B's shape."""
     for new in (length, 1, max(1, length // 3)):
@@ -394,9 +395,9 @@ def test_block_table_write_sets_the_entries_it_is_given_and_no_other(kernels, rn
     assert np.array_equal(read(gpu, tables).reshape(-1), want)
 
 
-@pytest.mark.parametrize("M", range(1, 9))
+@cases("M", range(1, 9))
 # N: not whole blocks of columns; K: one warp a column (8, 264, 2048), two (4104) and four (8200)
-@pytest.mark.parametrize("N, K", [(37, 8), (1000, 264), (19, 2048), (45, 4104), (7, 8200)])
+@cases("N, K", [(37, 8), (1000, 264), (19, 2048), (45, 4104), (7, 8200)])
 def test_gemv_matches_numpy(kernels, rng, M, N, K):
     gpu = kernels.gpu
     x, xf = bf16(gpu, rng.normal(0, 1, (M, K)))
@@ -406,8 +407,8 @@ def test_gemv_matches_numpy(kernels, rng, M, N, K):
     assert rel_l2(read(gpu, y), xf @ wf.T) < 1e-2
 
 
-@pytest.mark.parametrize("column_warps", [1, 2, 4, 8])
-@pytest.mark.parametrize("M, N, K", [(1, 37, 8), (3, 1000, 2048), (8, 45, 4104), (2, 19, 520)])
+@cases("column_warps", [1, 2, 4, 8])
+@cases("M, N, K", [(1, 37, 8), (3, 1000, 2048), (8, 45, 4104), (2, 19, 520)])
 def test_gemv_with_any_warps_a_column_matches_numpy(kernels, rng, column_warps, M, N, K):
     """The warps a column the engine may pick: more warps than a row has loads leave some idle, still exact."""
     gpu = kernels.gpu
@@ -430,9 +431,9 @@ def rows_at_scales(rng, M, K):
     return x
 
 
-@pytest.mark.parametrize("column_warps", [None, 1, 2, 4, 8])
-@pytest.mark.parametrize("M", [1, 2, 3, 8])
-@pytest.mark.parametrize("N, K", FUSED_SHAPES)
+@cases("column_warps", [None, 1, 2, 4, 8])
+@cases("M", [1, 2, 3, 8])
+@cases("N, K", FUSED_SHAPES)
 def test_gemv_norm_matches_numpy(kernels, rng, column_warps, M, N, K):
     """y = rms_norm(x) * g @ w^T: x the residual stream, its norm summed beside the dot products. Each row at its
     own scale (a row given another's norm fails), the last of several all zeros (eps alone keeps it finite)."""
@@ -446,9 +447,9 @@ def test_gemv_norm_matches_numpy(kernels, rng, column_warps, M, N, K):
     assert np.array_equal(read(gpu, x), xf)                              # the residual stream is only read
 
 
-@pytest.mark.parametrize("column_warps", [None, 1, 2, 4, 8])
-@pytest.mark.parametrize("M", [1, 2, 5, 8])
-@pytest.mark.parametrize("inter, K", FUSED_SHAPES)
+@cases("column_warps", [None, 1, 2, 4, 8])
+@cases("M", [1, 2, 5, 8])
+@cases("inter, K", FUSED_SHAPES)
 def test_gemv_norm_silu_matches_numpy(kernels, rng, column_warps, M, inter, K):
     """act = silu(a_gate) * a_up, a = rms_norm(x) * g @ [W_gate | W_up]^T: each block's gate columns meet their
     up columns; 8 warps a column is taken as 4 (two columns a block)."""
@@ -462,9 +463,9 @@ def test_gemv_norm_silu_matches_numpy(kernels, rng, column_warps, M, inter, K):
     assert rel_l2(read(gpu, act), silu(a[:, :inter]) * a[:, inter:]) < 1e-2
 
 
-@pytest.mark.parametrize("column_warps", [None, 1, 2, 4, 8])
-@pytest.mark.parametrize("M", [1, 4, 7, 8])
-@pytest.mark.parametrize("N, K", FUSED_SHAPES)
+@cases("column_warps", [None, 1, 2, 4, 8])
+@cases("M", [1, 4, 7, 8])
+@cases("N, K", FUSED_SHAPES)
 def test_gemv_residual_matches_numpy(kernels, rng, column_warps, M, N, K):
     """y += bf16(x @ w^T), in bf16 as the unfused add (add_rms_norm) does it."""
     gpu = kernels.gpu
@@ -481,11 +482,11 @@ def test_gemv_residual_matches_numpy(kernels, rng, column_warps, M, N, K):
     assert (np.abs(got - want) <= 2 * 2.0 ** -7 * scale).all()
 
 
-@pytest.mark.parametrize("column_warps", [None, 1, 4, 8])
-@pytest.mark.parametrize("M", [1, 3, 8])
+@cases("column_warps", [None, 1, 4, 8])
+@cases("M", [1, 3, 8])
 # head_dim 64 and 128, GQA ratios 1, 3 and 4; hidden widths that are not a block's columns
 # (and head_dim 10: 5 pairs a head, so blocks straddle heads and the last block is partial)
-@pytest.mark.parametrize("nh, nkv, hd, K", [(4, 4, 64, 264), (3, 1, 128, 2048), (8, 2, 64, 4104), (3, 1, 10, 264)])
+@cases("nh, nkv, hd, K", [(4, 4, 64, 264), (3, 1, 128, 2048), (8, 2, 64, 4104), (3, 1, 10, 264)])
 def test_gemv_norm_rope_matches_numpy(kernels, rng, column_warps, M, nh, nkv, hd, K):
     """qkv = rms_norm(x) * g @ Wqkv^T, then rope_kv_write's work: q and k heads rotated at each row's position, v
     as computed, and each row's k and v in its cache slot (none for a slot of -1); poisoned outputs and cache."""
@@ -517,9 +518,9 @@ def test_gemv_norm_rope_matches_numpy(kernels, rng, column_warps, M, nh, nkv, hd
     check_cache_writes(gpu, k_cache, v_cache, slots, got[:, nh * hd:rot], got[:, rot:])    # what qkv holds
 
 
-@pytest.mark.parametrize("column_warps", [None, 1, 2, 4, 8])
-@pytest.mark.parametrize("M", [1, 3, 8])
-@pytest.mark.parametrize("N, K", [(37, 264), (1000, 2048), (128256, 2048), (19, 4104)])
+@cases("column_warps", [None, 1, 2, 4, 8])
+@cases("M", [1, 3, 8])
+@cases("N, K", [(37, 264), (1000, 2048), (128256, 2048), (19, 4104)])
 def test_gemv_norm_head_gives_fp32_logits_and_each_row_s_first_argmax(kernels, rng, column_warps, M, N, K):
     """The final norm and the LM head in one GEMV: fp32 logits against numpy, and ids[m] the first argmax of the
     logits it wrote. Row 0 holds a planted tie between two columns of different blocks (the lower one wins); the

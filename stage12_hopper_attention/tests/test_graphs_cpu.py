@@ -4,6 +4,7 @@ import pytest
 
 from common.outputs import Timing
 from common.sampling import SamplingParams
+from common.testing import cases
 
 from ..graphs import CAPTURE_SIZES, FIELDS, capture_sizes, decode_layout, graph_size, is_decode_step, pack_decode
 from ..packing import pack
@@ -92,8 +93,8 @@ def test_a_step_with_a_prompt_chunk_is_not_a_decode_step():
     assert not is_decode_step(pack(SchedulerOutput.from_chunks([ScheduledChunk(a, 5, 1), ScheduledChunk(p, 0, 1)]), L, BS))
 
 
-@pytest.mark.parametrize("max_model_len", [16, 300, 2048, 3000, 4096, 131072])
-@pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 64, 256])
+@cases("max_model_len", [16, 300, 2048, 3000, 4096, 131072])
+@cases("max_num_seqs", [1, 3, 8, 64, 256])
 def test_a_step_s_split_never_needs_more_blocks_than_the_captured_grid(max_model_len, max_num_seqs):
     """The grid of a size's graph has decode_split()'s splits for max_model_len keys; every step's keys_per_split
     (any longest row up to max_model_len) covers its keys in at most that many splits, in whole 32-key tiles, and

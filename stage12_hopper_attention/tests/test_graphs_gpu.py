@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from common.sampling import SamplingParams
-from common.testing import rel_l2
+from common.testing import cases, rel_l2
 
 from ..graphs import DecodeGraphs, decode_layout, pack_decode
 from ..kernels import GEMV_COLUMN_WARPS, GEMV_PAIRED_MAX_WARPS
@@ -50,8 +50,8 @@ def read_back(engine, size):
     return m.gpu.to_host(m.row_view(m.logits, 0, size)), m.gpu.to_host(m.next_ids.view(0, (size,)))
 
 
-@pytest.mark.parametrize("size", [1, 2, 4, 8, 16, 32, 64])
 @pytest.mark.parametrize("full", [True, False])
+@cases("size", [1, 2, 4, 8, 16, 32, 64])
 def test_a_replay_is_the_eager_step_bit_for_bit(engine, size, full):
     assert size in engine.graphs.sizes
     R = size if full else size // 2 + 1
