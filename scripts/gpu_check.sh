@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark, in parts that each fit a 10-minute run. Logs go into $1 (default gpu-logs/); $2 picks
-# parts, comma-separated: tests, bench01-02, bench03 .. bench12, bench10-gemv and launch (pytest-benchmark files;
-# launch: tests/bench_launch.py, what a launch costs in a graph), ncu10 and ncu12 (Nsight Compute on stage10's decode
-# attention at batch 1, on stage12's prefill kernels), builds (each folder scripts/stage_builds.sh made: its kernel
-# tests BUILD_TESTS, then its BUILD_BENCH files -k BUILD_BENCH_K, one build after another; either `none`: skipped),
-# profile (common.profile, kernel by kernel: PROFILE_RUNS of stage:batch[:eager]), prefill-profile (one long prompt's
-# prefill by kernel group: PREFILL_RUNS of stage:tokens[:budget]; the SM clock sampled beside it, clocks-*.csv),
-# host-profile (the loop's host time at B = 256, cProfile, token ids and text; HOST_PROFILE_STAGES), ladder-W (W: load,
-# latency, batch, ragged, long: `common.bench --ladder`, one 10-minute run each), latency, batch, long, long-hf-32k,
-# prefix (and chat), ragged, ragged-kv (the harness against the baselines; ragged-kv: at the same KV memory, KV_GIBS,
-# and max_model_len RAGGED_LEN), serve, serve-rate (the server under load), multigpu (stage13 split over the machine's
-# GPUs: its tests, rank 0's profile, then `latency` and `ragged` at TP = 1, 2 and 4 where there are as many), or all
-# (default; longer than one 10-minute run).
-# LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES narrow the engines of a harness part; TEST_PATHS the tests,
-# TEST_ARGS more pytest arguments (-k ...), CLI_STAGES the CLIs the tests part runs.
-# e.g. bash scripts/gpu_check.sh gpu-logs tests   (LOGS_TAR=F: also one archive of the logs at F)
+# The one GPU entry point: every GPU test and benchmark, in parts that one run combines.
+#   bash scripts/gpu_check.sh tests,ladder-batch,ladder-ragged      (comma- or space-separated; default: all)
+# The parts a run of the course needs:
+#   tests            every stage's GPU tests in one pytest process (-m gpu, slow ones included), and
+#                    <GPU>_<date>_gpu-tests.json: passed, failed and skipped per stage (common/bench/gpu_tests.py)
+#   ladder-W         `common.bench --ladder --workload W`, W: load, latency, batch, ragged, long; ladder-ragged-kv:
+#                    ragged at its KV budget (workloads.LADDERS: every engine the same KV cache memory)
+#   hf-cb            transformers' continuous batching on ragged, alone (one repeat: about 170 s one)
+#   serve-W          the server over stage $SERVE_STAGE (default 11) under the harness's clients on workload W
+#                    (ragged, prefix, chat), the engine alone in the same run, then the fault run
+#   profile          a decode step kernel by kernel (common.profile; needs cupti-python): PROFILE_RUNS of stage:batch
+# and the specialised ones, for a chapter's question: bench01-02, bench03 .. bench12, bench10-gemv, launch (pytest-
+# benchmark files), ncu10, ncu12 (Nsight Compute), builds (scripts/stage_builds.sh's folders, one after another),
+# prefill-profile, host-profile, latency, batch, long, long-hf-32k, prefix, ragged, ragged-kv (the harness on
+# chosen engines: LATENCY_STAGES, BATCH_STAGES, LONG_STAGES, RAGGED_STAGES, PREFIX_STAGES), serve, serve-rate,
+# multigpu (stage13 split over the machine's GPUs).
+# Each part prints one line `== PART: rc, wall time, its summary` and writes its log, and its result files, into one
+# folder: $GPU_LOGS, default gpu-logs/<date>-<GPU>/ (git-ignored); the result files a chapter shows are copied into
+# benchmarks/results/ and committed. Compiled kernels go to $TINY_VLLM_KERNEL_CACHE, default .kernel-cache/ (git-
+# ignored): carried to the next machine, it spares that run NVRTC (common/compile.py says why no stale cubin can be
+# used). LOGS_TAR=F, KERNELS_TAR=F: the logs and the kernels as one archive each, to copy off the machine.
+# COMMIT: the commit the tree is (default: git's HEAD), named in the tests part's summary. PART_LIMIT_S: each
+# step's time limit (default 540 s), so a hang still leaves the other logs behind.
 set -uo pipefail
-command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (nvidia-smi not found); it runs the GPU tests and benchmarks"; exit 2; }
-logs=${1:-gpu-logs}
-part=${2:-all}
+command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (nvidia-smi not found); it runs the GPU tests and benchmarks; on a CPU: python -m pytest"; exit 2; }
+part=$(echo "${*:-all}" | tr ' ' ,)
 want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
-mkdir -p "$logs"
 export PYTHONUNBUFFERED=1 TINY_VLLM_CACHE=${TINY_VLLM_CACHE:-/tmp/tiny-vllm-cache}
+export TINY_VLLM_KERNEL_CACHE=${TINY_VLLM_KERNEL_CACHE:-$PWD/.kernel-cache}
 export NCCL_NVLS_ENABLE=0    # NVLink multicast off, as stage13's communicator.py sets it (it says why)
 if [ -d .whl ]; then  # a machine without nvmath-python installed: install the wheels in .whl/
+  rm -rf /tmp/site    # a warm machine keeps the last run's; two versions of a package would break the import
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
 fi
@@ -31,17 +38,46 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 status=0
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr " " -)
 day=$(date -u +%F)
-limit=${PART_LIMIT_S:-540}   # each step is cut off here, so a hang still leaves the other logs behind
-run() { local name=$1; shift; echo "== $name: $*"; timeout "$limit" "$@" 2>&1 | tee "$logs/$name.log"; local rc=${PIPESTATUS[0]}; echo "== $name rc=$rc"; [ "$rc" = 0 ] || status=1; }
+logs=${GPU_LOGS:-gpu-logs/$day-$gpu}
+commit=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+mkdir -p "$logs" "$TINY_VLLM_KERNEL_CACHE"
+limit=${PART_LIMIT_S:-540}
+# run NAME CMD...: CMD under the time limit, its output in $logs/NAME.log, then one summary line
+run() {
+  local name=$1; shift; local t0=$SECONDS
+  echo "== $name: $*"
+  timeout "$limit" "$@" 2>&1 | tee "$logs/$name.log"; local rc=${PIPESTATUS[0]}
+  local said; said=$(grep -E "^(=+ )?[0-9]+ (passed|failed)|^wrote |^[0-9]+ passed, " "$logs/$name.log" | tail -1 | sed 's/=//g')
+  echo "== $name: rc=$rc, $((SECONDS - t0)) s${said:+: $said}"
+  [ "$rc" = 0 ] || status=1
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
-date -u | tee -a "$logs/gpu.txt"
+{ date -u; echo "commit $commit"; } | tee -a "$logs/gpu.txt"
+echo "== kernels cached at the start: $(ls "$TINY_VLLM_KERNEL_CACHE" | wc -l)"
 if want tests; then
-  run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rsP ${TEST_ARGS:-} ${TEST_PATHS:-}
-  for st in ${CLI_STAGES-01 02 03 04 05 06 07 08 09 10 11 12 13}; do   # CLI_STAGES="": none
+  run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rs --junitxml="$logs/gpu-tests.xml" \
+      ${TEST_ARGS:-} ${TEST_PATHS:-}
+  python3 -m common.bench.gpu_tests "$logs/gpu-tests.xml" --commit "$commit" --gpu "$(head -2 "$logs/gpu.txt" \
+      | tail -1 | cut -d, -f1)" --out "$logs"
+  for st in ${CLI_STAGES-}; do   # CLI_STAGES="01 13": each stage's command line once on the 1B
     if [ "$st" = 01 ]; then args=(); else args=(--max-tokens 24 --seed 1); fi
     run "cli-$st" python3 -m "$(basename stage${st}_*)" --prompt "Hello, world!" --chat "${args[@]}"
   done
 fi
+# a ladder: every stage that runs the workload and its baselines in one run (the README's table and chart)
+for w in load latency batch ragged long; do
+  want "ladder-$w" && run "ladder-$w" python3 -m common.bench --ladder --workload "$w" --out "$logs"
+done
+if want ladder-ragged-kv; then   # ragged at the budget its ladder names: what paging buys when memory is short
+  read -r gib len <<< "$(python3 -c 'from common.bench.workloads import LADDERS; b = LADDERS["ragged"].budget; print(b[0], b[1])')"
+  run ladder-ragged-kv python3 -m common.bench --ladder --workload ragged --kv-cache-gib "$gib" --max-model-len "$len" \
+      --out "$logs"
+fi
+want hf-cb && run harness-ragged-hf-cb python3 -m common.bench --stages hf-cb --workload ragged --repeats 1 --out "$logs"
+for w in ragged prefix chat; do   # the server under the harness's clients, then the fault run (nothing held after)
+  want "serve-$w" && run "serve-$w-${SERVE_STAGE:-11}" python3 -m common.bench_serving --stage "${SERVE_STAGE:-11}" \
+      --workload "$w" --fault ${SERVE_ARGS:-} --out "$logs"
+done
 if want bench01-02; then
   run bench-load python3 -m pytest stage01_loading/bench_load.py --benchmark-only -p no:cacheprovider \
       --benchmark-json "$logs/${gpu}_${day}_pytest-bench-load.json" -q
@@ -172,10 +208,6 @@ if want host-profile; then
         --out "$logs/host-profile-$st-text.txt"
   done
 fi
-# a ladder: every stage that runs the workload and its baselines in one run (the README's table and chart)
-for w in load latency batch ragged long; do
-  want "ladder-$w" && run "ladder-$w" python3 -m common.bench --ladder --workload "$w" --out "$logs"
-done
 # prefix caching: stage11 against stage10 on requests that share a 2048-token system prompt, and on conversations
 # whose every turn repeats the turns before it
 if want prefix; then
@@ -209,5 +241,6 @@ if [ "$part" = all ]; then
   run cpu-tests python3 -m pytest -m "not gpu" -p no:cacheprovider -q
 fi
 [ -n "${LOGS_TAR:-}" ] && tar czf "$LOGS_TAR" -C "$logs" .   # all the logs as one file, to copy off the machine
-echo "== overall status $status"
+[ -n "${KERNELS_TAR:-}" ] && tar czf "$KERNELS_TAR" -C "$TINY_VLLM_KERNEL_CACHE" .
+echo "== overall status $status ($(ls "$TINY_VLLM_KERNEL_CACHE" | wc -l) kernels cached, logs in $logs)"
 exit $status

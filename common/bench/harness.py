@@ -278,11 +278,14 @@ def stage_module(tag: str) -> str:
     return found[0]
 
 
-def ladder_stages(workload: str) -> str:
-    """The --stages of a workload's ladder run: every stage from its first, then its baselines."""
+def ladder_stages(workload: str, at_budget: bool = False) -> str:
+    """The --stages of a workload's ladder run: every stage from its first, then its baselines; at its KV budget
+    (Ladder.budget), the stages from the budget's first."""
     ladder = LADDERS[workload]
     root = Path(__file__).resolve().parents[2]
     numbers = sorted(p.name[5:7] for p in root.glob("stage[0-9][0-9]_*") if (p / "__init__.py").exists())
+    if at_budget:
+        return ",".join(n for n in numbers if int(n) >= ladder.budget[2])
     return ",".join([n for n in numbers if int(n) >= ladder.first_stage] + list(ladder.baselines))
 
 
@@ -400,7 +403,11 @@ def main(argv=None) -> int:
     if a.ladder:
         if a.workload not in LADDERS:
             ap.error(f"--ladder: {a.workload} has no ladder (workloads with one: {', '.join(LADDERS)})")
-        a.stages = ladder_stages(a.workload)
+        budget = LADDERS[a.workload].budget
+        if a.kv_cache_gib and (a.kv_cache_gib, a.max_model_len) != (budget or (None, None))[:2]:
+            ap.error(f"--ladder --kv-cache-gib: {a.workload}'s ladder at a budget is "
+                     + (f"--kv-cache-gib {budget[0]:g} --max-model-len {budget[1]}" if budget else "none"))
+        a.stages = ladder_stages(a.workload, at_budget=bool(a.kv_cache_gib))
         print(f"{a.workload} ladder: {a.stages}; left out: {LADDERS[a.workload].left_out}", file=sys.stderr)
     a.started = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S")
     tags = a.stages.split(",")
@@ -427,8 +434,10 @@ def main(argv=None) -> int:
                                                 a.kv_cache_gib, a.max_model_len, shown))
                 write_record(a, workload, env, raw, skipped, complete=False)   # a cut-off run keeps these
     summary, notes, path = write_record(a, workload, env, raw, skipped, complete=True)
-    if path is None:
-        return 0                                       # nothing ran: no result file
+    if path is None:                                   # nothing ran: no result file
+        print(f"nothing ran here: every engine needs a GPU; on this machine: python -m common.bench --stages "
+              f"05,09 --workload cpu --model tiny", file=sys.stderr)
+        return 2
     print(f"{a.workload}: {workload.figure}; {a.model}; medians (min-max) of {a.repeats} runs x {a.processes} "
           f"process(es)")
     print(format_table(summary, workload))

@@ -88,6 +88,9 @@ class Ladder:
     first_stage: int
     baselines: tuple[str, ...]
     left_out: str
+    # a second ladder run at one KV cache memory for every engine, (GiB, max_model_len, first stage): where a
+    # stage's idea shows only when memory is short (paging: contiguous regions of max_model_len hold few sequences)
+    budget: tuple[float, int, int] | None = None
 
 
 LADDERS = {
@@ -101,7 +104,9 @@ LADDERS = {
     "ragged": Ladder(4, (), "stages 02 and 03 (one sequence at a time); hf-sdpa (256 requests left-padded into "
                      "one batch: about 80 s a repeat at 1,832 tok/s) and hf-cb (862 tok/s, 2026-12-05: about 170 s "
                      "a repeat), which would not fit the command: run them alone, --stages hf-cb --repeats 1; hf "
-                     "and hf-compile (one request at a time)"),
+                     "and hf-compile (one request at a time). At the budget (4 GiB of KV cache, max_model_len "
+                     "4096, stage07's chapter): stages 04 and 05 too (32 contiguous regions: minutes a repeat)",
+                     budget=(4.0, 4096, 6)),
     "long": Ladder(6, ("hf-sdpa",), "stages 02 to 05 (their attention materialises the scores: about a minute "
                    "a 32K prefill, 4 of them an engine; stage06's chapter compares them at every length); hf and "
                    "hf-compile (hf-sdpa is the transformers attention a user would pick for long prompts)"),
