@@ -46,8 +46,29 @@ def test_a_model_that_is_not_there_is_one_line_and_exit_2(tmp_path, where):
 
 @pytest.mark.skipif(has_gpu()[0], reason="on a GPU the stage's engine takes --gpu-memory-utilization")
 @pytest.mark.parametrize("where", [[], ["--no-engine-process"]])
-def test_an_option_the_numpy_engine_does_not_take_is_one_line_and_exit_2(tiny_dir, where):
+def test_a_gpu_option_on_a_cpu_says_what_runs_here_instead_in_one_line_and_exit_2(tiny_dir, where):
+    """A GPU engine's option on a machine without a GPU serves nothing: one line, before any engine is announced,
+    naming what the same command without it runs here."""
     done = run_cli("--model", str(tiny_dir), "--gpu-memory-utilization", "0.5", "--port", "1", *where)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert re.fullmatch(r"error: --gpu-memory-utilization is a GPU engine option and this machine has no GPU "
+                        r"\(.+\): without it, the server runs stage\d\d_\w+'s loop over the numpy forward "
+                        r"\(cpu_engine\.py\) on .+", done.stderr.strip()), done.stderr
+
+
+@pytest.mark.skipif(has_gpu()[0], reason="the CPU engines' own refusals")
+def test_an_option_neither_engine_of_the_stage_takes_names_the_engine(capsys, tiny_dir):
+    """--block-size is no GPU option: stage05 has no blocks on either machine, and its CPU engine says so."""
+    assert main(["--model", str(tiny_dir), "--stage", "05", "--block-size", "8", "--no-engine-process"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        "error: stage05_continuous_batch's CPU engine takes no --block-size"
+
+
+@pytest.mark.skipif(has_gpu()[0], reason="the CPU engine's KV cache")
+@pytest.mark.parametrize("where", [[], ["--no-engine-process"]])
+def test_a_cpu_kv_cache_too_small_for_one_sequence_is_one_line_and_exit_2(tiny_dir, where):
+    """The CPU engine's MemoryError for a --kv-cache-memory-bytes that holds nothing was a traceback."""
+    done = run_cli("--model", str(tiny_dir), "--stage", "05", "--kv-cache-memory-bytes", "1000", "--port", "1",
+                   *where)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert re.fullmatch(r"error: stage\d\d_\w+'s CPU engine takes no --gpu-memory-utilization",
-                        done.stderr.strip().splitlines()[-1]), done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: kv_cache_memory_bytes=1000 holds 0 seq_slots")

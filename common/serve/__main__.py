@@ -18,13 +18,16 @@ BOUNDS = {"port": (1, 65535), "max_model_len": (2, None), "max_num_seqs": (1, No
           "max_waiting": (0, None)}
 
 
-def check_flags(a, model: str) -> None:
+def check_flags(a, model: str, options: dict | None = None) -> None:
     """Every flag, and the model's folder and config (a preset is written on first use), before an engine is
-    built: the engine's process would say the same, after its start."""
+    built: the engine's process would say the same, after its start. On a machine without a GPU, an option only
+    the stage's GPU engine takes (--gpu-memory-utilization, --tensor-parallel-size) is refused in one line that
+    says what runs here instead: nothing is served in its place."""
     from common.checkpoint import Checkpoint
+    from common.device import has_gpu
     from common.synthetic import resolve_model
 
-    from .engines import EngineOptionError, check_stage
+    from .engines import EngineOptionError, check_stage, engine_class, gpu_only_options
 
     for name, (low, high) in BOUNDS.items():
         value = getattr(a, name)
@@ -38,6 +41,14 @@ def check_flags(a, model: str) -> None:
     if (a.tensor_parallel_size or 1) > 1 and a.engine_process:
         raise EngineOptionError(f"--tensor-parallel-size {a.tensor_parallel_size} starts a process a GPU, which the "
                                 "engine's own process may not: add --no-engine-process")
+    usable, why = has_gpu()
+    if not usable and (gpu_only := gpu_only_options(a.stage, options)):
+        name = engine_class(a.stage, gpu=False)[1]
+        flags = " and ".join("--" + k.replace("_", "-") for k in gpu_only)
+        one = len(gpu_only) == 1
+        raise EngineOptionError(f"{flags} {'is a GPU engine option' if one else 'are GPU engine options'} and this "
+                                f"machine has no GPU ({why}): without {'it' if one else 'them'}, the server runs "
+                                f"{name}'s loop over the numpy forward (cpu_engine.py) on {model}")
     Checkpoint(resolve_model(model))
 
 
@@ -79,12 +90,13 @@ def main(argv=None) -> int:
     options = {k: getattr(a, k) for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
                                           "kv_cache_memory_bytes", "block_size", "tensor_parallel_size")}
     try:
-        check_flags(a, model)
+        check_flags(a, model, options)
         engine = (EngineProcess(build_engine, a.stage, model, a.max_model_len, options) if a.engine_process
                   else build_engine(a.stage, model, a.max_model_len, options))
-    except (ValueError, GpuMemoryError, EngineStartError) as e:
+    except (ValueError, GpuMemoryError, MemoryError, EngineStartError) as e:
         cause = e.__cause__ if isinstance(e, EngineStartError) else e
-        if not isinstance(cause, (ValueError, GpuMemoryError)):
+        sized = isinstance(cause, MemoryError) and bool(cause.args)   # a CPU engine's KV cache too small for one
+        if not (isinstance(cause, (ValueError, GpuMemoryError)) or sized):
             raise                            # not the user's error: the traceback is the report
         print(f"error: {cause}", file=sys.stderr)
         return 2

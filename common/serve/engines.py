@@ -64,9 +64,21 @@ def check_stage(stage: str) -> str:
     return name
 
 
+def refused_options(cls, options: dict | None) -> list[str]:
+    """The options given (not None) that the engine class's constructor does not take, sorted."""
+    return sorted({k for k, v in (options or {}).items() if v is not None} - set(inspect.signature(cls).parameters))
+
+
+def gpu_only_options(stage: str | None, options: dict | None) -> list[str]:
+    """The options given that the stage's GPU engine takes and its CPU engine (its loop over the numpy forward)
+    does not: on a machine without a GPU, what the command asks for cannot run there."""
+    on_cpu = refused_options(engine_class(stage, gpu=False)[0], options)
+    return [k for k in on_cpu if k not in refused_options(engine_class(stage)[0], options)]
+
+
 def _construct(cls, name: str, model: str, max_model_len: int | None, options: dict | None):
     options = {k: v for k, v in (options or {}).items() if v is not None}
-    refused = sorted(set(options) - set(inspect.signature(cls).parameters))
+    refused = refused_options(cls, options)
     if refused:
         raise EngineOptionError(f"{name} takes no {', '.join('--' + k.replace('_', '-') for k in refused)}")
     return cls(model, max_model_len=max_model_len, **options)
