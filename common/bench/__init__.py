@@ -9,4 +9,11 @@
 
 table.py formats the harness's results, measure.py times what they hold, workloads.py defines the request sets
 and each workload's ladder, hf_engine.py the transformers baselines (hf, hf-sdpa, hf-compile, hf-cb).
+
+Every tool writes its result files (and the server's log) into USER_RESULTS unless --out names a folder:
+`bench-results/`, which git ignores, so that a run of the README's commands leaves the tree clean. The results the
+chapters show are copied into benchmarks/results/ and committed (scripts/gpu_check.sh passes --out LOGS).
 """
+from pathlib import Path
+
+USER_RESULTS = Path("bench-results")

@@ -69,6 +69,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.bench import USER_RESULTS
 from common.synthetic import resolve_model
 
 GEMMS = ("qkv", "o", "gate_up", "down")
@@ -421,8 +422,8 @@ def stage_folder(prog: str, arg: str) -> str | None:
 
 
 def add_out_argument(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                    help="where the profile's JSON goes (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=USER_RESULTS,
+                    help="where the profile's JSON goes (default: %(default)s/, which git ignores)")
 
 
 def recording_problem() -> str | None:

@@ -2,7 +2,7 @@
 completions by concurrent clients, against the same requests through the engine directly, in one run.
 
     python -m common.bench_serving --stage 05 [--workload ragged] [--concurrency 256] [--request-rate inf]
-                                   [--repeats 3] [--fault] [--out benchmarks/results]
+                                   [--repeats 3] [--fault] [--out bench-results]
 
 1. direct: the engine alone on the workload (common.bench's worker: a fresh process, generate()).
 2. server: `python -m common.serve` in its own process on a loopback port; every run sends each request as
@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.bench import USER_RESULTS
 from common.bench.client import StreamResult, post_stream
 from common.bench.harness import UnknownEngine, environment, run_worker, stage_module
 from common.bench.workloads import WORKLOADS, make_requests
@@ -305,8 +306,8 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-huge-prompt", type=float, metavar="MB",
                     help="instead of the load runs: the largest gap a stream sees while a prompt of MB megabytes "
                          "arrives, --repeats times")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                    help="where the result file and the server's log go (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=USER_RESULTS,
+                    help="where the result file and the server's log go (default: %(default)s/, which git ignores)")
     a = ap.parse_args(argv)
     w = WORKLOADS[a.workload]
     ok, why = has_gpu()

@@ -3,14 +3,16 @@
     python -m common.report          # rewrite the README's cross-stage table and benchmarks/report.png
     python -m common.report --check  # exit 1 if either is stale (tests/test_report.py runs this)
 
-A workload that has a complete ladder run (`python -m common.bench --ladder`: every stage and its baselines in one
-run on one machine) takes all its figures from the newest one, and nothing else: the H200s differ by up to 1.4x
-from one machine or day to the next, so figures of separate runs do not compare. The ladders are one GPU's, the
-one with ladder runs of the most workloads (a ladder on another GPU waits until that GPU has more). A workload
-with no ladder run yet falls back to the newest GPU result per engine and figure (by date and start time; a run
-cut off by its time limit keeps the figures it measured, and a later run of the lengths it missed fills in only
-those), and the table says so. The chart carries a digest of the figures it was drawn from in its PNG metadata,
-so --check needs no matplotlib and no pixel-exact redraw.
+It reads only the result files git tracks in benchmarks/results/ (results.committed): a user's own runs go to
+`bench-results/` by default, and one copied in counts once it is added. A workload that has a complete ladder
+run (`python -m common.bench --ladder`: every stage and its baselines in one run on one machine) takes all its
+figures from the newest one, and nothing else: the H200s differ by up to 1.4x from one machine or day to the next,
+so figures of separate runs do not compare. The ladders are one GPU's, the one with ladder runs of the most
+workloads (a ladder on another GPU waits until that GPU has more). A workload with no ladder run yet falls back to
+the newest GPU result per engine and figure (by date and start time; a run cut off by its time limit keeps the
+figures it measured, and a later run of the lengths it missed fills in only those), and the table says so. The
+chart carries a digest of the figures it was drawn from in its PNG metadata, so --check needs no matplotlib and
+no pixel-exact redraw.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ COLUMNS = [("latency: ms per decode step (B = 1)", "latency", "ms_per_decode_ste
 def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
     """workload -> engine -> (its figures, newest per figure, with their spreads; the files they came from)."""
     files = []
-    for path in RESULTS.glob("*.json"):
+    for path in results.committed(RESULTS):             # a run copied in and not yet `git add`ed does not count
         r = results.load(path)
         # a run that gave every engine the same KV cache memory (--kv-cache-gib) is not a headline figure
         if isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu") and not r.get("kv_cache_gib"):
@@ -209,8 +211,10 @@ def main(argv=None) -> int:
     old = path.read_text()
     new = blocks.render(old, {"cross-stage": table}, "README.md", only=True)   # the others: readme.py's
     stale = ([] if new == old else ["README.md"]) + ([] if chart_is_current(data) else [str(CHART.relative_to(ROOT))])
+    left_out = results.untracked(RESULTS)
     checked = (f"README.md's generated blocks and {CHART.relative_to(ROOT)} (digest {digest(data)}), from "
-               f"{len(list(RESULTS.glob('*.json')))} result files in {RESULTS.relative_to(ROOT)}")
+               f"{len(results.committed(RESULTS))} committed result files in {RESULTS.relative_to(ROOT)}"
+               + (f" ({len(left_out)} untracked left out: `git add` them to count)" if left_out else ""))
     if check and stale:
         print("out of date (run python -m common.report): " + ", ".join(stale))
         return 1

@@ -12,10 +12,17 @@ the engine that ran it:
 
     load(path) -> dict     a harness, serving or profile result with today's names
     engine_name(name, date) -> str
+    committed(folder, pattern) -> list[Path]   the result files git tracks: what the tables are generated from
+    untracked(folder) -> list[str]             the others (a run copied in and not yet added)
+
+A user's own runs are written elsewhere by default (common.bench's USER_RESULTS, `bench-results/`, which git
+ignores); a result copied into benchmarks/results/ counts once it is `git add`ed, so that a run on this machine
+never changes what the committed READMEs show.
 """
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 BASELINE_MODULES = {"common.hf_engine": "hf", "common.reference": "numpy"}
@@ -39,3 +46,28 @@ def load(path: Path) -> dict:
     if isinstance(r.get("stage"), str):
         r["stage"] = engine_name(r["stage"], date)
     return r
+
+
+def _tracked(folder: Path) -> set[str] | None:
+    """The names of the files directly in `folder` that git tracks, or None outside a git checkout (an unpacked
+    archive, no git): there every file counts."""
+    try:
+        done = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=folder, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode:
+        return None
+    return {name for name in done.stdout.decode().split("\0") if name and "/" not in name}
+
+
+def committed(folder: Path, pattern: str = "*.json") -> list[Path]:
+    """The files of `folder` matching `pattern` that git tracks (committed, or added to be), sorted by name."""
+    paths = sorted(Path(folder).glob(pattern))
+    tracked = _tracked(Path(folder)) if Path(folder).is_dir() else None
+    return paths if tracked is None else [p for p in paths if p.name in tracked]
+
+
+def untracked(folder: Path, pattern: str = "*.json") -> list[str]:
+    """The names of the files of `folder` matching `pattern` that committed() leaves out."""
+    kept = set(committed(folder, pattern))
+    return [p.name for p in sorted(Path(folder).glob(pattern)) if p not in kept]
