@@ -4,6 +4,9 @@ counts come from code and committed results, never from typing.
 
     render(text, generators, where)             every block, each by its generator (an unknown NAME is an error)
     render(text, generators, where, only=True)  the blocks whose generator is given; the others as they are
+
+A chapter also owns one-line fields that generators elsewhere read, as `<!-- NAME: value -->` on a line of its own
+(hidden when the Markdown is rendered): field(text, NAME) is the value, or None where the line is absent.
 """
 from __future__ import annotations
 
@@ -22,6 +25,12 @@ def render(text: str, generators: dict[str, Callable[[], str]], where: str, only
         return m.group(1) + generators[m.group(2)]() + "\n" + m.group(4)
 
     return BLOCK.sub(block, text)
+
+
+def field(text: str, name: str) -> str | None:
+    """The value of the chapter's `<!-- NAME: value -->` line (one line; the first, if there are more), or None."""
+    m = re.search(rf"^<!-- {re.escape(name)}: (.+?) -->$", text, re.M)
+    return m.group(1).strip() if m else None
 
 
 def count(text: str) -> int:

@@ -5,6 +5,8 @@
 
 A generated block sits between `<!-- generated:NAME -->` and `<!-- end:NAME -->`; NAME picks the generator: one
 of GENERATORS below (data-driven, naming no stage), or, in a stage's chapter, one its `chapter.py` declares.
+Results are the files git tracks in benchmarks/results/ (results.committed). The front page's stage-status reads
+each chapter's `<!-- short-of: ... -->` line and the GPU tests' summaries (`*_gpu-tests.json`).
 """
 from __future__ import annotations
 
@@ -22,13 +24,63 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def stages() -> list[Path]:
+    """Every stage folder that has a chapter, in ladder order."""
+    return sorted(p for p in ROOT.glob("stage[0-9][0-9]_*") if (p / "README.md").exists())
+
+
 def stage_ladder() -> str:
     """The stage table of the top README: every stage folder with the first line of its chapter."""
     rows = ["| stage | the one idea | chapter |", "| --- | --- | --- |"]
-    for stage in sorted(p for p in ROOT.glob("stage[0-9][0-9]_*") if (p / "README.md").exists()):
+    for stage in stages():
         title = (stage / "README.md").read_text().splitlines()[0].lstrip("# ").strip()
         idea = title.split(":", 1)[-1].strip()
         rows.append(f"| `{stage.name}` | {idea} | [{stage.name}/README.md]({stage.name}/README.md) |")
+    return "\n".join(rows)
+
+
+SHORT_OF = "short-of"          # the chapter's line `<!-- short-of: ... -->`, under its "## Caveats" heading
+GPU_TESTS = "*_gpu-tests*.json"  # GPU_date_gpu-tests.json: {"commit": SHA, "stages": {stage: {passed, failed, skipped}}}
+
+
+def gpu_tests() -> dict[str, tuple[str, str]]:
+    """stage -> (its GPU tests in the newest committed summary that names it, that file's name). A summary is
+    `benchmarks/results/<GPU>_<date>_gpu-tests.json`, the counts of one run of a commit's GPU tests a stage."""
+    found = {}
+    runs = sorted(results.committed(RESULTS, GPU_TESTS), key=lambda p: (p.name.split("_")[1], p.name))
+    for path in runs:                                   # oldest first: a newer summary replaces an older one
+        r = json.loads(path.read_text())
+        gpu, date = path.name.split("_")[:2]             # the record's own, where it has them
+        gpu, date = r.get("gpu") or gpu.replace("-", " "), r.get("date") or date
+        for stage, n in r["stages"].items():
+            counts = [f"{n.get('passed', 0)} passed"] + [
+                (f"**{n[k]} {k}**" if k == "failed" else f"{n[k]} {k}") for k in ("failed", "skipped") if n.get(k)]
+            found[stage] = (", ".join(counts) + f"; {gpu}, {date}, `{r['commit'][:7]}`", path.name)
+    return found
+
+
+def short_of(stage: Path) -> str:
+    """What the stage's chapter says it falls short of, from its `<!-- short-of: ... -->` line."""
+    value = blocks.field((stage / "README.md").read_text(), SHORT_OF)
+    if value is None:
+        raise ValueError(f"{stage.name}/README.md has no `<!-- {SHORT_OF}: ... -->` line (under its \"## Caveats\" "
+                         "heading: what the stage falls short of, or \"none\")")
+    return value
+
+
+def stage_status() -> str:
+    """The top README's status of each stage: its GPU tests (the newest committed summary that names it, or "not
+    yet run") and what its chapter says it falls short of."""
+    tests = gpu_tests()
+    rows = ["| stage | GPU tests: passed, failed, skipped; GPU, date, commit | short of its goal (its chapter's "
+            "Caveats) |", "| --- | --- | --- |"]
+    for stage in stages():
+        cell = tests.get(stage.name, ("not yet run", None))[0]
+        rows.append(f"| [`{stage.name}`]({stage.name}/README.md#caveats) | {cell} | {short_of(stage)} |")
+    files = sorted({tests[s.name][1] for s in stages() if s.name in tests})
+    rows += ["", ("GPU tests from " + ", ".join(f"`{n}`" for n in files) if files else
+                  "GPU tests: no summary committed yet (a run's is `benchmarks/results/<GPU>_<date>_gpu-tests.json`)")
+             + f"; what a stage is short of from the `<!-- {SHORT_OF}: ... -->` line of its chapter."]
     return "\n".join(rows)
 
 
@@ -49,7 +101,7 @@ def pytest_bench(suffix: str) -> list[tuple[str, str, dict]]:
     """(date and time "YYYY-MM-DD HH:MM", GPU, {test name: benchmark}) of every committed pytest-benchmark JSON
     named *_{suffix}.json, oldest first."""
     out = []
-    for path in RESULTS.glob(f"*_{suffix}.json"):
+    for path in results.committed(RESULTS, f"*_{suffix}.json"):
         r = json.loads(path.read_text())
         out.append((r["datetime"][:16].replace("T", " "), path.name.split("_")[0].replace("-", " "),
                     {b["name"]: b for b in r["benchmarks"]}))
@@ -59,7 +111,7 @@ def pytest_bench(suffix: str) -> list[tuple[str, str, dict]]:
 def _harness(workload: str, kv_budget: bool = False) -> list[dict]:
     """Every committed harness result of one workload, oldest first (by date, then start time where recorded):
     those run at each engine's own KV cache size, or (kv_budget) those that gave every engine the same one."""
-    runs = [results.load(p) for p in RESULTS.glob(f"*_{workload}-*.json")]
+    runs = [results.load(p) for p in results.committed(RESULTS, f"*_{workload}-*.json")]
     runs = [r for r in runs if bool(r.get("kv_cache_gib")) == kv_budget]
     return sorted(runs, key=lambda r: (r["date"], r.get("time", "")))
 
@@ -125,7 +177,7 @@ def serving_results() -> str:
     rows = ["| date | GPU | engine | clients; arrivals | output tok/s via the server (min-max) | the engine alone | "
             "overhead | TTFT p50; p99 | ITL p50; p99 (per chunk) | the server's mean step; gap between steps | "
             "fault run: completed, disconnected, malformed; problems | idle after every run |", "|" + " --- |" * 12]
-    for p in sorted(RESULTS.glob("*_serving-*.json")):
+    for p in results.committed(RESULTS, "*_serving-*.json"):
         r = results.load(p)
         s, srv = r["summary"], r["server"]
         lo, hi = s["output_tok_per_s_range"]
@@ -147,7 +199,8 @@ def serving_results() -> str:
     return "\n".join(rows)
 
 
-GENERATORS = {"stage-ladder": stage_ladder, "cross-stage": cross_stage, "presets": presets,
+GENERATORS = {"stage-ladder": stage_ladder, "stage-status": stage_status, "cross-stage": cross_stage,
+              "presets": presets,
               "growth-results": growth_results, "ragged-budget-results": ragged_budget_results,
               "serving-results": serving_results}
 # (the generators above are data-driven: they read results, and name no stage)
@@ -183,7 +236,10 @@ def main(argv=None) -> int:
             stale.append(str(path.relative_to(ROOT)))
             if not check:
                 path.write_text(new)
-    checked = f"{found} generated blocks in {len(readmes())} READMEs"
+    left_out = results.untracked(RESULTS)
+    checked = f"{found} generated blocks in {len(readmes())} READMEs" + (
+        f"; {len(left_out)} untracked result files in {RESULTS.relative_to(ROOT)} left out (`git add` them to count)"
+        if left_out else "")
     if check and stale:
         print("out of date (run python -m common.readme): " + ", ".join(stale))
         return 1
