@@ -14,7 +14,7 @@ def test_newest_result_wins_and_old_names_are_mapped():
     results = report.newest()
     assert "common.hf_engine" not in {e for w in results.values() for e in w}
     latency = results["latency"]
-    assert latency["stage03_kvcache"][1][-1] > "NVIDIA-H200_2026-12-03_latency-02-03.json"   # the 3-run harness's
+    assert latency["stage03_kvcache"][1][-1].split("_")[1] > "2026-12-03"      # not the 1-run harness's of 12-03
 
 
 def _result(folder, name, workload, stages, time, **extra):
@@ -128,3 +128,33 @@ def test_report_does_not_import_readme():
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_kv_budget_run_shows_only_at_its_ladders_budget_in_a_column_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    gib, length, _ = report.LADDERS["ragged"].budget
+    one = {"stage07_paged_attention": {"output_tok_per_s": 2.0, "spread": {}}}
+    _result(tmp_path, "a_ragged-kv_100000.json", "ragged", one, "10:00:00", kv_cache_gib=gib, max_model_len=length)
+    _result(tmp_path, "b_ragged-kv16_110000.json", "ragged", one, "11:00:00", kv_cache_gib=16.0,
+            max_model_len=length)                                                         # another budget: left out
+    got = report.newest()
+    assert set(got) == {"ragged-kv"} and got["ragged-kv"]["stage07_paged_attention"][1] == ["a_ragged-kv_100000.json"]
+
+
+def test_a_stage_slower_than_the_one_before_needs_a_sentence_unless_the_run_cannot_tell_them_apart(monkeypatch):
+    from common.course import slower
+
+    def figure(x, lo, hi):
+        return {"output_tok_per_s": x, "spread": {"output_tok_per_s": (lo, hi)}}
+
+    results = {"ragged": {"stage01_a": (figure(100, 99, 101), []), "stage02_b": (figure(99.5, 99, 100), []),
+                          "stage03_c": (figure(80, 79, 81), [])}}
+    columns = [("ragged: output tok/s", "ragged", "output_tok_per_s", "{}")]
+    cells = slower.slower_cells(results, ["stage01_a", "stage02_b", "stage03_c"], columns)
+    assert [(e, round(r, 3), level) for e, _, _, _, r, level in cells] == [("stage02_b", 1.005, True),
+                                                                           ("stage03_c", 1.244, False)]
+    said, missing = slower.lines(results, ["stage01_a", "stage02_b", "stage03_c"], columns)
+    assert missing == ["stage03_c: output_tok_per_s"] and "**not explained**" in said[-1]
+    monkeypatch.setitem(slower.WHY, ("stage03_c", "output_tok_per_s"), "it does more")
+    said, missing = slower.lines(results, ["stage01_a", "stage02_b", "stage03_c"], columns)
+    assert not missing and said[-1].endswith("1.24x slower than `stage02_b`: it does more.")

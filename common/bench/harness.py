@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.bench import USER_RESULTS
 from common.bench.measure import (chat_once, device_memory_used, generate_once, growth_rates, plain_read_gbps, warm_up,
                                   waste)
 from common.bench.table import format_table, merge, spread_warnings, summarise
@@ -375,8 +376,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per process (at least 3 for a figure)")
     ap.add_argument("--processes", type=int, default=1,
                     help="fresh processes per engine, in alternating order; their runs are pooled")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                    help="where the result file goes (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=USER_RESULTS,
+                    help="where the result file goes (default: %(default)s/, which git ignores; the runs a chapter "
+                         "shows are copied into benchmarks/results/ and committed)")
     ap.add_argument("--lengths", default=",".join(map(str, LONG_LENGTHS)),
                     help="`long`: the prompt lengths, comma-separated")
     ap.add_argument("--budget-s", type=float, default=0.0,

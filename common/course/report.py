@@ -22,18 +22,22 @@ import json
 import sys
 from pathlib import Path
 
-from common.course import blocks, results
+from common.bench.workloads import LADDERS
+from common.course import blocks, results, slower
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 CHART = ROOT / "benchmarks" / "report.png"
 LONG_LENGTHS = (2048, 8192, 32768)
+_GIB, _LEN, _ = LADDERS["ragged"].budget     # ragged's second ladder: every engine given the same KV cache memory
 # (column title, workload, figure key, format)
 COLUMNS = [("latency: ms per decode step (B = 1)", "latency", "ms_per_decode_step", "{:.2f}"),
            ("latency: time to first token, ms", "latency", "ttft_ms", "{:.1f}"),
            ("batch: output tok/s at B = 64", "batch", "output_tok_per_s_at_B64", "{:,.0f}"),
            ("batch: output tok/s at B = 256", "batch", "output_tok_per_s_at_B256", "{:,.0f}"),
            ("ragged: output tok/s", "ragged", "output_tok_per_s", "{:,.0f}"),
+           (f"ragged at {_GIB:g} GiB of KV cache, max_model_len {_LEN}: output tok/s", "ragged-kv",
+            "output_tok_per_s", "{:,.0f}"),
            *[(f"long: prefill tok/s at {n}", "long", f"prefill_tok_per_s_at_{n}", "{:,.0f}") for n in LONG_LENGTHS],
            ("load: GB/s onto the GPU", "load", "load_gb_per_s", "{:.2f}")]
 
@@ -43,9 +47,14 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
     files = []
     for path in results.committed(RESULTS):             # a run copied in and not yet `git add`ed does not count
         r = results.load(path)
-        # a run that gave every engine the same KV cache memory (--kv-cache-gib) is not a headline figure
-        if isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu") and not r.get("kv_cache_gib"):
-            files.append(((r["date"], "repeats" in r, r.get("time", ""), path.name), r, path.name))
+        if not (isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu")):
+            continue
+        if r.get("kv_cache_gib"):     # the same KV cache memory for every engine: only at a ladder's budget
+            budget = LADDERS.get(r["workload"]["name"])
+            if not (budget and budget.budget and (r["kv_cache_gib"], r.get("max_model_len")) == budget.budget[:2]):
+                continue
+            r = {**r, "workload": {**r["workload"], "name": r["workload"]["name"] + "-kv"}}
+        files.append(((r["date"], "repeats" in r, r.get("time", ""), path.name), r, path.name))
     ladders = [(r["environment"]["gpu"], r["workload"]["name"], name) for _, r, name in sorted(files)
                if r.get("ladder") and r.get("complete") is not False]
     # the table is one machine's: the GPU with ladder runs of the most workloads (ties: the newest run's)
@@ -128,7 +137,15 @@ def table() -> str:
                    for name, es in by_file.items()]
         lines.append(f"- {workload} (no ladder run yet: the newest of separate runs, which do not compare): "
                      + "; ".join(sources))
-    return "\n".join(lines)
+    said, _ = slower.lines(results, [e for e in engines(results) if e.startswith("stage")], cols)
+    return "\n".join(lines + [""] + said)
+
+
+def unexplained() -> list[str]:
+    """The table's cells where a stage reads slower than the one before beyond the run's noise, with no sentence
+    in slower.WHY (engine: figure)."""
+    results = newest()
+    return slower.lines(results, [e for e in engines(results) if e.startswith("stage")], COLUMNS)[1]
 
 
 def chart_data() -> dict:
@@ -215,6 +232,10 @@ def main(argv=None) -> int:
     checked = (f"README.md's generated blocks and {CHART.relative_to(ROOT)} (digest {digest(data)}), from "
                f"{len(results.committed(RESULTS))} committed result files in {RESULTS.relative_to(ROOT)}"
                + (f" ({len(left_out)} untracked left out: `git add` them to count)" if left_out else ""))
+    if missing := unexplained():
+        print("a stage reads slower than the one before with no sentence saying why (common/course/slower.py's "
+              "WHY): " + ", ".join(missing))
+        return 1
     if check and stale:
         print("out of date (run python -m common.report): " + ", ".join(stale))
         return 1
