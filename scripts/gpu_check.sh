@@ -3,7 +3,8 @@
 #   bash scripts/gpu_check.sh tests,ladder-batch,ladder-ragged      (comma- or space-separated; default: all)
 # The parts a run of the course needs:
 #   tests            every stage's GPU tests in one pytest process (-m gpu, slow ones included), and
-#                    <GPU>_<date>_gpu-tests.json: passed, failed and skipped per stage (common/bench/gpu_tests.py)
+#                    <GPU>_<date>_gpu-tests.json: passed, failed and skipped per stage (common/bench/gpu_tests.py);
+#                    tests-NN-MM (stages NN to MM) and tests-cross (tests/) run a shard of it
 #   ladder-W         `common.bench --ladder --workload W`, W: load, latency, batch, ragged, long; ladder-ragged-kv:
 #                    ragged at its KV budget (workloads.LADDERS: every engine the same KV cache memory)
 #   hf-cb            transformers' continuous batching on ragged, alone (one repeat: about 170 s one)
@@ -54,10 +55,23 @@ run() {
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
 { date -u; echo "commit $commit"; } | tee -a "$logs/gpu.txt"
 echo "== kernels cached at the start: $(ls "$TINY_VLLM_KERNEL_CACHE" | wc -l)"
-if want tests; then
-  run gpu-tests python3 -m pytest -m gpu -p no:cacheprovider -q -rs --junitxml="$logs/gpu-tests.xml" \
-      ${TEST_ARGS:-} ${TEST_PATHS:-}
-  python3 -m common.bench.gpu_tests "$logs/gpu-tests.xml" --commit "$commit" --gpu "$(head -2 "$logs/gpu.txt" \
+# tests: every stage's GPU tests; tests-NN-MM: stages NN to MM alone, tests-cross: tests/ alone (the whole tier
+# took about 25 minutes in one process on an H100, 2026-12-08: more than one command, so it also runs in shards)
+shards=(); want tests && shards+=("gpu-tests:${TEST_PATHS:-}")
+for p in ${part//,/ }; do
+  if [[ $p =~ ^tests-([0-9][0-9])-([0-9][0-9])$ ]]; then
+    paths=$(for d in stage[0-9][0-9]_*; do n=${d:5:2}; [ "$((10#$n))" -ge "$((10#${BASH_REMATCH[1]}))" ] \
+        && [ "$((10#$n))" -le "$((10#${BASH_REMATCH[2]}))" ] && echo "$d"; done)
+    shards+=("gpu-$p:$(echo $paths)")
+  elif [ "$p" = tests-cross ]; then shards+=("gpu-tests-cross:tests"); fi
+done
+for shard in "${shards[@]}"; do   # each case's outcome as it runs (-v), so a run cut off still says what passed
+  name=${shard%%:*}
+  run "$name" python3 -m pytest -m gpu -p no:cacheprovider -v -rs --durations=30 --junitxml="$logs/$name.xml" \
+      ${TEST_ARGS:-} ${shard#*:}
+done
+if [ ${#shards[@]} -gt 0 ]; then   # the per-stage summary of every shard of this folder, cut-off ones included
+  python3 -m common.bench.gpu_tests "$logs"/gpu-tests*.log --commit "$commit" --gpu "$(head -2 "$logs/gpu.txt" \
       | tail -1 | cut -d, -f1)" --out "$logs"
   for st in ${CLI_STAGES-}; do   # CLI_STAGES="01 13": each stage's command line once on the 1B
     if [ "$st" = 01 ]; then args=(); else args=(--max-tokens 24 --seed 1); fi

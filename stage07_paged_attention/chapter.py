@@ -139,7 +139,8 @@ def ample_memory() -> str:
     runs = {}
     for path in sorted(RESULTS.glob("*.json")):          # named GPU_date_workload-..._time: the newest comes last
         r = json.loads(path.read_text())
-        if list(r.get("stages", ())) == [PREVIOUS, HERE.name] and not r.get("kv_cache_gib"):
+        if (isinstance(r.get("workload"), dict) and list(r.get("stages", ())) == [PREVIOUS, HERE.name]
+                and not r.get("kv_cache_gib")):
             runs[r["workload"]["name"]] = r
     first, this, prev = runs["latency"], HERE.name[:7], PREVIOUS[:7]                  # "stageNN"
     rows = [f"Measured {first['date']} on {first['environment']['gpu']}, one harness run per workload "

@@ -203,8 +203,8 @@ def against_previous() -> str:
     """The newest committed harness run holding both this stage and the previous one, for each workload (each
     engine sizing its own KV cache)."""
     runs = {}
-    loaded = [results.load(path) for path in RESULTS.glob("*.json")]
-    for r in sorted((r for r in loaded if "stages" in r and "date" in r), key=lambda r: (r["date"], r.get("time", ""))):
+    loaded = [r for r in map(results.load, RESULTS.glob("*.json")) if isinstance(r.get("workload"), dict)]
+    for r in sorted((r for r in loaded if "date" in r), key=lambda r: (r["date"], r.get("time", ""))):
         if {PREVIOUS, HERE.name} <= set(r["stages"]) and not r.get("kv_cache_gib"):
             runs[r["workload"]["name"]] = r                # the newest run of each workload comes last
     command = (f"`LATENCY_STAGES={PREV_NN},{NN} BATCH_STAGES={PREV_NN},{NN} RAGGED_STAGES={PREV_NN},{NN} "

@@ -1,31 +1,42 @@
-"""common.bench.gpu_tests: a GPU test run's JUnit XML as per-stage counts (the README's status comes from them)."""
+"""common.bench.gpu_tests: a GPU test run's verbose logs as per-stage counts (the README's status comes from them)."""
 import json
 
 from common.bench.gpu_tests import main, per_stage
 
-XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" time="12.5">
-<testcase classname="stage01_loading.tests.test_gpu" name="a" time="1"/>
-<testcase classname="stage01_loading.tests.test_gpu" name="b" time="1"><skipped message="no"/></testcase>
-<testcase classname="stage07_paged_attention.tests.test_kernels_gpu" name="c" time="1"><failure message="x"/></testcase>
-<testcase classname="stage07_paged_attention.tests.test_kernels_gpu" name="d" time="1"><error message="f"/></testcase>
-<testcase classname="tests.test_serve_gpu" name="e" time="1"/>
-</testsuite></testsuites>"""
+FIRST = """============================= test session starts ==============================
+stage01_loading/tests/test_gpu.py::test_a PASSED                         [ 10%]
+stage01_loading/tests/test_gpu.py::test_b[tiny] SKIPPED (no padded use)  [ 20%]
+stage07_paged_attention/tests/test_kernels_gpu.py::test_c[64-128] FAILED [ 30%]
+stage07_paged_attention/tests/test_kernels_gpu.py::test_d PASSED         [ 40%]
+stage07_paged_attention/tests/test_kernels_gpu.py::test_d ERROR          [ 40%]
+tests/test_serve_gpu.py::test_e[05] PASSED                               [ 50%]
+FAILED stage07_paged_attention/tests/test_kernels_gpu.py::test_c[64-128] - AssertionError
+============ 1 failed, 3 passed, 1 skipped, 1 error in 12.50s (0:00:12) ============
+"""
+CUT = """stage13_tensor_parallel/tests/test_gpu.py::test_f PASSED              [  1%]
+"""
 
 
-def test_cases_count_under_their_top_folder_and_errors_as_failures():
-    stages, wall = per_stage(XML)
+def test_cases_count_once_under_their_top_folder_by_their_worst_outcome():
+    stages, wall, complete = per_stage([FIRST])
     assert stages == {"stage01_loading": {"passed": 1, "failed": 0, "skipped": 1},
                       "stage07_paged_attention": {"passed": 0, "failed": 2, "skipped": 0},
                       "tests": {"passed": 1, "failed": 0, "skipped": 0}}
-    assert wall == 12.5
+    assert (wall, complete) == (12.5, True)
 
 
-def test_the_summary_file_is_named_by_gpu_and_date_and_a_missing_xml_is_one_line(tmp_path, capsys):
-    (tmp_path / "run.xml").write_text(XML)
-    assert main([str(tmp_path / "run.xml"), "--commit", "abc1234", "--gpu", "NVIDIA H200", "--out",
+def test_a_log_cut_off_before_pytests_closing_line_makes_the_summary_incomplete():
+    stages, wall, complete = per_stage([FIRST, CUT])
+    assert stages["stage13_tensor_parallel"] == {"passed": 1, "failed": 0, "skipped": 0}
+    assert (wall, complete) == (12.5, False)
+
+
+def test_the_summary_file_is_named_by_gpu_and_date_and_a_missing_log_is_one_line(tmp_path, capsys):
+    (tmp_path / "run.log").write_text(FIRST)
+    assert main([str(tmp_path / "run.log"), "--commit", "abc1234", "--gpu", "NVIDIA H200", "--out",
                  str(tmp_path)]) == 0
     [path] = tmp_path.glob("NVIDIA-H200_*_gpu-tests.json")
     record = json.loads(path.read_text())
-    assert record["commit"] == "abc1234" and record["stages"]["tests"]["passed"] == 1
-    assert main([str(tmp_path / "none.xml"), "--commit", "a", "--gpu", "g", "--out", str(tmp_path)]) == 2
-    assert "none.xml: no such JUnit XML file" in capsys.readouterr().err
+    assert record["commit"] == "abc1234" and record["complete"] and record["stages"]["tests"]["passed"] == 1
+    assert main([str(tmp_path / "none.log"), "--commit", "a", "--gpu", "g", "--out", str(tmp_path)]) == 2
+    assert "none.log: no such log" in capsys.readouterr().err
