@@ -6,6 +6,7 @@ import pytest
 
 from common.checkpoint import Checkpoint
 from common.reference import ReferenceEngine, ReferenceModel
+from common.references import hf_logits, reference_logits
 from common.sampling import SamplingParams
 from common.testing import NEAR_TIE, agreement_line, check_greedy, rel_l2, rel_l2_rows, top1_margin
 
@@ -38,7 +39,7 @@ def test_logits_match_the_reference_at_every_position(fixture, request, engines)
     folder = request.getfixturevalue(fixture)
     ids = prompt_ids(77, seed=1)
     got = engines(folder).logits(ids)
-    want = ReferenceModel(Checkpoint(folder)).forward(ids)
+    want = reference_logits(folder, ids)
     err = rel_l2(got, want)
     print(f"{fixture}: relative L2 of logits over {len(ids)} positions: {err:.2e}, worst row "
           f"{rel_l2_rows(got, want).max():.2e}")
@@ -141,7 +142,7 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
     implementations part at such a position, one of them flipped by rounding, and the float32 reference says
     which. The agreement with HF, at all positions and the decided ones, is printed."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")                     # hf_logits loads it
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
     from common.synthetic import resolve_model
@@ -149,13 +150,7 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
     folder = resolve_model("llama-3.2-1b")
     ids = prompt_ids(200, seed=4)
     ours = engines(folder, max_model_len=512).logits(ids)
-    ref = ReferenceModel(Checkpoint(folder)).forward(ids)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
-                                                                 attn_implementation="sdpa").cuda().eval()
-    with torch.no_grad():
-        hf = hf_model(torch.tensor([ids], device="cuda")).logits[0].float().cpu().numpy()
-    del hf_model
-    torch.cuda.empty_cache()
+    ref, hf = reference_logits(folder, ids), hf_logits(folder, ids)      # once a process: common/references.py
     e_ours, e_hf, e_pair = rel_l2(ours, ref), rel_l2(hf, ref), rel_l2(ours, hf)
     decided = top1_margin(ref) >= NEAR_TIE
     same = ours.argmax(-1) == hf.argmax(-1)

@@ -8,6 +8,7 @@ import pytest
 
 from common.checkpoint import Checkpoint
 from common.reference import ReferenceEngine, ReferenceModel
+from common.references import hf_logits, reference_logits, torch_last_logits
 from common.sampling import SamplingParams
 from common.testing import NEAR_TIE, agreement_line, check_greedy, rel_l2, rel_l2_rows, top1_margin
 
@@ -41,7 +42,7 @@ def test_logits_match_the_reference_at_every_position(fixture, request, engines)
     folder = request.getfixturevalue(fixture)
     ids = prompt_ids(77, seed=1)
     got = engines(folder).logits(ids)
-    want = ReferenceModel(Checkpoint(folder)).forward(ids)
+    want = reference_logits(folder, ids)
     err = rel_l2(got, want)
     print(f"{fixture}: relative L2 of logits over {len(ids)} positions: {err:.2e}, worst row "
           f"{rel_l2_rows(got, want).max():.2e}")
@@ -212,7 +213,7 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
     implementations part at such a position, one of them flipped by rounding, and the float32 reference says
     which. The agreement with HF, at all positions and the decided ones, is printed."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")                     # hf_logits loads it
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
     from common.synthetic import resolve_model
@@ -220,13 +221,7 @@ def test_1b_logits_agree_with_the_reference_and_hf_transformers(engines):
     folder = resolve_model("llama-3.2-1b")
     ids = prompt_ids(200, seed=4)
     ours = engines(folder, max_model_len=512, max_num_seqs=8, kv_cache_memory_bytes=2**30).logits(ids)  # room for HF
-    ref = ReferenceModel(Checkpoint(folder)).forward(ids)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
-                                                                 attn_implementation="sdpa").cuda().eval()
-    with torch.no_grad():
-        hf = hf_model(torch.tensor([ids], device="cuda")).logits[0].float().cpu().numpy()
-    del hf_model
-    torch.cuda.empty_cache()
+    ref, hf = reference_logits(folder, ids), hf_logits(folder, ids)      # once a process: common/references.py
     e_ours, e_hf, e_pair = rel_l2(ours, ref), rel_l2(hf, ref), rel_l2(ours, hf)
     decided = top1_margin(ref) >= NEAR_TIE
     same = ours.argmax(-1) == hf.argmax(-1)
@@ -254,11 +249,9 @@ def test_long_prompt_last_logits_agree_with_the_float32_reference(engines, lengt
     own bf16 run's distance from the same reference if that is larger (times 1.1): ours must be no farther from the
     truth than HF in bf16."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")                     # hf_logits loads it
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
-    from common.checkpoint import Checkpoint
-    from common.reference_torch import last_logits
     from common.synthetic import resolve_model
 
     from ..packing import StepInputs
@@ -280,15 +273,7 @@ def test_long_prompt_last_logits_agree_with_the_float32_reference(engines, lengt
                               np.zeros(len(wanted), np.int32), np.array([[0, chunk, 0, first]], np.int32), updates)
             model.forward(step, last if len(wanted) else None)
     ours = gpu.to_host(last)
-    ref = last_logits(Checkpoint(folder), ids, keep, device="cuda")
-    torch.cuda.empty_cache()
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16,
-                                                                 attn_implementation="sdpa").cuda().eval()
-    with torch.no_grad():
-        hf16 = hf_model(torch.tensor(ids[None].astype(np.int64), device="cuda"), logits_to_keep=keep).logits
-    hf16 = hf16[0].float().cpu().numpy()
-    del hf_model
-    torch.cuda.empty_cache()
+    ref, hf16 = torch_last_logits(folder, ids, keep), hf_logits(folder, ids, keep)   # once a process (references.py)
     e_ours, e_hf16 = rel_l2(ours, ref), rel_l2(hf16, ref)
     print(f"1B, {length}-token prompt, last {keep} positions against the float32 reference: rel L2 ours {e_ours:.2e} "
           f"(worst row {rel_l2_rows(ours, ref).max():.2e}), HF bf16 {e_hf16:.2e}; top-1 agreement ours "

@@ -1,6 +1,8 @@
 """GPU tier: each kernel against numpy on fresh random inputs, poisoned outputs (0xFF bytes = NaN, so a value the
 kernel forgot to write fails) and sizes that are not multiples of the block. Tolerances are the design's:
 relative L2 below 1e-2 for a bf16 result, 1e-4 for an fp32 one."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -584,6 +586,15 @@ def test_gemv_norm_rope_matches_numpy(kernels, rng, column_warps, M, nh, nkv, hd
     check_cache_writes(gpu, k_cache, v_cache, slots, got[:, nh * hd:rot], got[:, rot:])    # what qkv holds
 
 
+@functools.cache
+def head_weights(N, K):
+    """(N, K) weights N(0, 0.05) as bf16 bits and the float32 values they hold, drawn once a process for each shape:
+    at the real vocabulary the draw and its rounding take seconds, and each of the head test's 15 cases there plants
+    its own tie in a copy."""
+    bits = f32_to_bf16(np.random.default_rng().standard_normal((N, K), dtype=np.float32) * np.float32(0.05))
+    return bits, bf16_to_f32(bits)
+
+
 @cases("column_warps", [None, 1, 2, 4, 8])
 @cases("M", [1, 3, 8])
 @cases("N, K", [(37, 264), (1000, 2048), (128256, 2048), (19, 4104)])
@@ -593,11 +604,12 @@ def test_gemv_norm_head_gives_fp32_logits_and_each_row_s_first_argmax(kernels, r
     argmax buffers are back at zero after the launch, and a second launch over other rows finds their own."""
     gpu = kernels.gpu
     g, gf = bf16(gpu, rng.normal(1, 0.2, K))
-    wn = rng.normal(0, 0.05, (N, K))
+    bits, wf = (a.copy() for a in head_weights(N, K))
     first, second = N // 3, N - 1
     x0 = rows_at_scales(rng, M, K)
-    wn[first] = wn[second] = 0.2 * np.sign(x0[0] * gf)              # row 0's largest logit, twice
-    w, wf = bf16(gpu, wn)
+    bits[first] = bits[second] = f32_to_bf16(0.2 * np.sign(x0[0] * gf))     # row 0's largest logit, twice
+    wf[first] = wf[second] = bf16_to_f32(bits[first])
+    w = gpu.to_device(bits, "bf16")
     best, ticket = (gpu.to_device(np.zeros(n, t)) for n, t in ((M + 2, np.uint64), (1, np.int32)))
     ids = poisoned(gpu, (M + 2,), "i32")
     for launch, rows in enumerate((x0, rng.normal(0, 1, (M, K)))):
