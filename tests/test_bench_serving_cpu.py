@@ -2,6 +2,7 @@
 streamed request gets all its tokens and the same text as the engine alone, a fault run's disconnected clients
 are aborted and its malformed requests refused, and /metrics reads idle after each run."""
 import asyncio
+import json
 
 import numpy as np
 import pytest
@@ -9,7 +10,8 @@ import pytest
 pytest.importorskip("uvicorn", reason="the server needs fastapi and uvicorn (the serve extra)")
 pytest.importorskip("openai", reason="the server tests use the openai client (the dev extra)")
 
-from common.bench.serving import check, figures, idle_metrics, plan, send_all, serve_runs
+from common.bench.serving import (check, figures, idle_metrics, plan, send_all, send_conversations,
+                                  serve_runs)
 from common.reference import ReferenceEngine
 from common.sampling import SamplingParams
 from common.serve.engines import build_engine
@@ -80,6 +82,34 @@ def test_runs_over_an_engine_without_a_prefix_cache_count_none(running):
     out = serve_runs(running.url, requests(n=4), MODEL, concurrency=2, rate=float("inf"), repeats=1, fault=False)
     assert out["problems"] == [] and out["runs"][0]["completed"] == 4
     assert not {"prefix_cache_queries", "prefix_cache_hits"} & set(out["runs"][0])
+
+
+def test_chat_turns_carry_every_earlier_message_and_answer_as_the_engine_alone_sees_them(tiny_dir):
+    """Conversations through stage11's server, each turn sent when the answer before it finished: every turn
+    complete, and each turn's prompt (the conversation so far, the answers' ids from return_token_ids) finds the
+    turns before it cached; the same conversations through the engine alone give the same answers."""
+    rng = np.random.default_rng(5)
+    convs = [[(rng.integers(0, 120, 20).tolist(), SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+              for _ in range(3)] for _ in range(4)]
+    r = Running(build_engine("11", str(tiny_dir), 96))
+    try:
+        out = serve_runs(r.url, [c[0] for c in convs], MODEL, concurrency=2, rate=float("inf"), repeats=1,
+                         fault=False, conversations=convs)
+        planned, results, _, turns = asyncio.run(send_conversations("127.0.0.1", port(r), convs, MODEL, 2))
+    finally:
+        r.close()
+    assert out["problems"] == [] and out["runs"][0]["completed"] == 12
+    assert set(turns) == {"ttft_ms_turn1", "ttft_ms_turn2", "ttft_ms_turn3"}
+    assert out["runs"][0]["prefix_cache_hits"] > 0                  # later turns find the conversation so far
+    engine = ReferenceEngine(str(tiny_dir), max_model_len=96)
+    for conv in convs:                                              # one conversation's turns, in order
+        history = []
+        for message, params in conv:
+            history = history + message
+            answer = engine.generate([history], params)[0].token_ids
+            got = [r for p, r in zip(planned, results) if json.loads(p.body)["prompt"] == history]
+            assert got and got[0].token_ids == list(answer), history
+            history = history + list(answer)
 
 
 def test_check_names_a_request_short_of_its_tokens():

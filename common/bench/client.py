@@ -24,6 +24,7 @@ class StreamResult:
     sent: float = 0.0                                         # time.perf_counter() when the request was sent
     arrivals: list[float] = field(default_factory=list)       # when each event with text arrived
     text: str = ""
+    token_ids: list[int] = field(default_factory=list)        # the generated ids, where the request asked for them
     completion_tokens: int | None = None                      # from the usage chunk
     finish_reason: str | None = None
     error: str | None = None                                  # an error body or event, or a broken connection
@@ -88,6 +89,7 @@ def _event(r: StreamResult, ev: bytes) -> bool:
         r.completion_tokens = obj["usage"]["completion_tokens"]
     for c in obj.get("choices", []):
         r.finish_reason = c.get("finish_reason") or r.finish_reason
+        r.token_ids += c.get("token_ids") or []                  # vLLM's return_token_ids
         piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
         if piece:
             r.arrivals.append(time.perf_counter())

@@ -4,10 +4,14 @@ completions by concurrent clients, against the same requests through the engine 
     python -m common.bench_serving --stage 05 [--workload ragged] [--concurrency 256] [--request-rate inf]
                                    [--repeats 3] [--fault] [--out bench-results]
 
-1. direct: the engine alone on the workload (common.bench's worker: a fresh process, generate()).
+1. direct: the engine alone on the workload (common.bench's worker: a fresh process, generate(); for `chat`, its
+   conversations through the step API).
 2. server: `python -m common.serve` in its own process on a loopback port; every run sends each request as
    `POST /v1/completions` with `stream: true` (its token ids as the prompt, greedy, ignore_eos, its max_tokens),
    at most --concurrency at a time, arriving all at once or as a Poisson process of --request-rate per second.
+   `chat` sends its conversations as a chat client does: each turn when the answer before it has finished, its
+   prompt every earlier message and answer (the answer's token ids, asked for with vLLM's return_token_ids)
+   followed by its own message; the fault run sends the turns' messages alone.
    Per run: output tok/s (completion tokens / the run's wall time), TTFT and inter-token latency p50 and p99.
    After every run /metrics must show no request running or waiting and no KV cache held. An engine with a
    prefix cache starts every run with it empty (POST /reset_prefix_cache), as the engine alone does, and each
@@ -44,7 +48,7 @@ import numpy as np
 from common.bench import USER_RESULTS
 from common.bench.client import StreamResult, post_stream
 from common.bench.harness import UnknownEngine, environment, run_worker, stage_module
-from common.bench.workloads import WORKLOADS, make_requests
+from common.bench.workloads import WORKLOADS, make_conversations, make_requests
 from common.device import has_gpu
 from common.serve.metrics import read_metric
 
@@ -102,6 +106,34 @@ async def send_all(host: str, port: int, planned: list[Planned], concurrency: in
     t0 = time.perf_counter()
     results = await asyncio.gather(*(one(p, at) for p, at in zip(planned, np.cumsum(gaps))))
     return list(results), time.perf_counter() - t0
+
+
+async def send_conversations(host: str, port: int, conversations, model: str, concurrency: int
+                             ) -> tuple[list[Planned], list[StreamResult], float, dict]:
+    """Every conversation's turns in order, each sent when the answer before it has finished, at most `concurrency`
+    requests in flight. Returns every turn's plan and result, the run's wall time and the median time to first
+    token of each turn (ms), as measure.chat_once has them for the engine alone."""
+    gate, done = asyncio.Semaphore(concurrency), []
+
+    async def talk(c: int) -> None:
+        history: list[int] = []
+        for k, (message, p) in enumerate(conversations[c]):
+            history = history + message
+            item = Planned(json.dumps({"model": model, "prompt": history, "max_tokens": p.max_tokens,
+                                       "temperature": 0, "ignore_eos": True, "stream": True,
+                                       "return_token_ids": True,
+                                       "stream_options": {"include_usage": True}}).encode(), p.max_tokens)
+            async with gate:
+                r = await post_stream(host, port, "/v1/completions", item.body)
+            done.append((k, item, r))
+            history = history + r.token_ids
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(talk(c) for c in range(len(conversations))))
+    wall = time.perf_counter() - t0
+    firsts = [[r.ttft for j, _, r in done if j == k and r.ttft is not None] for k in range(len(conversations[0]))]
+    ttft = {f"ttft_ms_turn{k + 1}": 1e3 * statistics.median(v) for k, v in enumerate(firsts) if v}
+    return [p for _, p, _ in done], [r for _, _, r in done], wall, ttft
 
 
 def check(planned: list[Planned], results: list[StreamResult]) -> list[str]:
@@ -164,15 +196,14 @@ def prefix_counts(url: str) -> dict:
     return {key: read_metric(text, name) for key, name in PREFIX_METRICS.items()}
 
 
-def timed_run(url: str, host: str, port: int, planned: list[Planned], concurrency: int, rate: float, seed: int
-              ) -> tuple[list[StreamResult], float, dict]:
-    """send_all from an empty prefix cache, where the engine has one; with the prompt tokens this run looked up
-    in it and found there (none for an engine without one)."""
+def timed_run(url: str, send) -> tuple:
+    """send() (a coroutine: send_all or send_conversations) from an empty prefix cache, where the engine has one;
+    what it returns, then the prompt tokens this run looked up in it and found there (none without one)."""
     cached = reset_prefix_cache(url)
     before = prefix_counts(url)
-    results, wall = asyncio.run(send_all(host, port, planned, concurrency, rate, seed=seed))
+    out = asyncio.run(send)
     after = prefix_counts(url)
-    return results, wall, ({k: int(after[k] - before[k]) for k in after} if cached else {})
+    return *out, ({k: int(after[k] - before[k]) for k in after} if cached else {})
 
 
 def idle_metrics(url: str, wait_s: float = 10.0) -> dict:
@@ -223,25 +254,32 @@ class ServerProcess:
         self.log.close()
 
 
-def serve_runs(url: str, requests, model: str, concurrency: int, rate: float, repeats: int, fault: bool) -> dict:
+def serve_runs(url: str, requests, model: str, concurrency: int, rate: float, repeats: int, fault: bool,
+               conversations=None) -> dict:
+    """The timed runs (of `conversations`, where given: chat's), then the fault run over `requests`."""
     host, port = "127.0.0.1", int(url.rsplit(":", 1)[1])
     warm = plan(requests[:8], model, fault=False)
     asyncio.run(send_all(host, port, warm, concurrency, float("inf")))      # kernels, allocator, connections
     runs, problems = [], []
     for i in range(repeats):
-        planned = plan(requests, model, fault=False)
         before = step_means(url)
-        results, wall, prefix = timed_run(url, host, port, planned, concurrency, rate, seed=i)
+        if conversations is None:
+            planned = plan(requests, model, fault=False)
+            results, wall, prefix = timed_run(url, send_all(host, port, planned, concurrency, rate, seed=i))
+            turns = {}
+        else:
+            planned, results, wall, turns, prefix = timed_run(url, send_conversations(host, port, conversations,
+                                                                                      model, concurrency))
         problems += check(planned, results)
         after = step_means(url)
         means = {f"mean_{k}_ms": 1e3 * (after[k][0] - before[k][0]) / max(1.0, after[k][1] - before[k][1])
                  for k in after}
-        runs.append(figures(planned, results, wall) | means | prefix | {"idle_after": idle_metrics(url)})
+        runs.append(figures(planned, results, wall) | turns | means | prefix | {"idle_after": idle_metrics(url)})
         print(f"server run {i + 1} of {repeats}: " + json.dumps(runs[-1]), file=sys.stderr, flush=True)
     out = {"runs": runs, "problems": problems}
     if fault:
         planned = plan(requests, model, fault=True, seed=1)
-        results, wall, prefix = timed_run(url, host, port, planned, concurrency, rate, seed=99)
+        results, wall, prefix = timed_run(url, send_all(host, port, planned, concurrency, rate, seed=99))
         out["fault"] = figures(planned, results, wall) | prefix | {
             "disconnected": sum(p.disconnect_after is not None for p in planned),
             "malformed": sum(p.malformed for p in planned), "problems": check(planned, results),
@@ -336,8 +374,9 @@ def main(argv=None) -> int:
                            a.engine_process)
     try:
         requests = make_requests(a.workload)[:a.num_requests]
+        conversations = make_conversations(a.workload)[:a.num_requests] if w.turns > 1 else None
         record["server"] = serve_runs(server.url, requests, a.model, a.concurrency, a.request_rate, a.repeats,
-                                      a.fault)
+                                      a.fault, conversations)
     finally:
         server.close()
     runs = record["server"]["runs"]
