@@ -17,9 +17,19 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("TINY_VLLM_KERNEL_CACHE", raising=False)
 
 
+@pytest.fixture(scope="module")
+def kernels_compiled_here(tmp_path_factory):
+    """One kernel cache for every case below, empty at the start of the run."""
+    return tmp_path_factory.mktemp("kernels")
+
+
 @pytest.mark.parametrize("path", KERNELS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
-def test_kernel_compiles_to_sm90_cubin(path):
-    """For sm_90, or sm_90a where the file's first line asks for it (nvrtc.arch_for)."""
+def test_kernel_compiles_to_sm90_cubin(path, kernels_compiled_here, monkeypatch):
+    """For sm_90, or sm_90a where the file's first line asks for it (nvrtc.arch_for). The cases share one cache,
+    filled in this run: a stage's copy of an earlier stage's kernel, byte for byte, with the same headers beside
+    it, has that file's cache key (source, headers, options, arch, NVRTC), so it is compiled once, by the
+    earliest stage that has it, and its copies check that cubin."""
+    monkeypatch.setenv("TINY_VLLM_KERNEL_CACHE", str(kernels_compiled_here))
     cubin = nvrtc.compile_cubin(path, nvrtc.arch_for(path, "sm_90"))
     assert cubin[:4] == b"\x7fELF"  # machine code, not PTX text
     # ELF64 header: e_machine 190 is EM_CUDA; e_flags holds the SM version in bits 8..15 (0x5a for sm_90)
