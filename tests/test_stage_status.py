@@ -30,7 +30,7 @@ def test_each_stage_shows_its_newest_summary_or_not_yet_run(tmp_path, monkeypatc
             if line.startswith("| [`stage")}
     assert rows["stage01_loading"] == "10 passed, 2 skipped; NVIDIA H100 80GB HBM3, 2026-12-07, `1111111`"
     assert rows["stage02_forward"] == "19 passed, **1 failed**; NVIDIA H200, 2026-12-08, `2222222`"   # newer
-    assert rows["stage03_kvcache"] == "not yet run"
+    assert rows["stage03_kvcache"] == "no summary yet"
     assert set(rows) == {s.name for s in readme.stages()}
     assert "`NVIDIA-H100-80GB-HBM3_2026-12-07_gpu-tests.json`, `NVIDIA-H200_2026-12-08_gpu-tests.json`" in table
 
@@ -38,7 +38,7 @@ def test_each_stage_shows_its_newest_summary_or_not_yet_run(tmp_path, monkeypatc
 def test_without_a_summary_every_stage_is_not_yet_run(tmp_path, monkeypatch):
     monkeypatch.setattr(readme, "RESULTS", tmp_path)
     table = readme.stage_status()
-    assert table.count("| not yet run |") == len(readme.stages()) and "no summary committed yet" in table
+    assert table.count("| no summary yet |") == len(readme.stages()) and "no summary committed yet" in table
 
 
 @pytest.mark.parametrize("stage", readme.stages(), ids=lambda s: s.name)

@@ -69,13 +69,13 @@ def short_of(stage: Path) -> str:
 
 
 def stage_status() -> str:
-    """The top README's status of each stage: its GPU tests (the newest committed summary that names it, or "not
-    yet run") and what its chapter says it falls short of."""
+    """The top README's status of each stage: its GPU tests (the newest committed summary that names it, or "no
+    summary yet") and what its chapter says it falls short of."""
     tests = gpu_tests()
     rows = ["| stage | GPU tests: passed, failed, skipped; GPU, date, commit | short of its goal (its chapter's "
             "Caveats) |", "| --- | --- | --- |"]
     for stage in stages():
-        cell = tests.get(stage.name, ("not yet run", None))[0]
+        cell = tests.get(stage.name, ("no summary yet", None))[0]
         rows.append(f"| [`{stage.name}`]({stage.name}/README.md#caveats) | {cell} | {short_of(stage)} |")
     files = sorted({tests[s.name][1] for s in stages() if s.name in tests})
     rows += ["", ("GPU tests from " + ", ".join(f"`{n}`" for n in files) if files else
