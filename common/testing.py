@@ -24,7 +24,9 @@ shape and passes that as `noise`: the bound is then 2 max(max |got − want|, no
 
 Property tests (CPU, every stage's scheduler and block manager) run one check over many seeds: `for_each_seed`
 loops over them in one test and fails naming the smallest seed that fails, and `seed_ranges` gives such a test
-a few hundred seeds in every run and the whole range under the `slow` marker.
+a few hundred seeds in every run and the whole range under the `slow` marker. A stage's copy of a property test
+whose code is byte-identical to the previous stage's (`earliest_copy`) takes a few seeds by default: the earliest
+stage with that code runs the few hundred.
 
 Kernel tests over many sizes (shapes, warps a column, block sizes) run them in one test: `cases` stands where
 `pytest.mark.parametrize` would, with the same arguments, and loops over every case inside one test case, failing
@@ -152,14 +154,77 @@ def for_each_seed(seeds, check) -> list:
     return results
 
 
-def seed_ranges(default: int, full: int):
+def seed_ranges(default: int, full: int, copy_seeds: int | None = None, test_file: str | None = None):
     """Parametrise a property test over `seeds`: range(default) in every run, range(full) under the `slow`
-    marker (deselected unless asked for: python -m pytest -m slow)."""
+    marker (deselected unless asked for: python -m pytest -m slow).
+
+    With copy_seeds and test_file (the test module's __file__): where the test is a stage's inherited copy, its
+    file and every module of its stage it imports byte-identical to an earlier stage's (`earliest_copy`), the
+    default run takes range(copy_seeds) instead. The same seeds over the same code give the same outcome, so the
+    few hundred run once, in the earliest stage with that code; the copy's few seeds check that it runs against
+    its own stage's package, and `-m slow` still takes the whole range in every stage."""
     import pytest
 
+    first = earliest_copy(test_file) if copy_seeds is not None and test_file is not None else None
+    few = (pytest.param(range(copy_seeds), id=f"first-{copy_seeds}-seeds-as-{first}") if first else
+           pytest.param(range(default), id=f"first-{default}-seeds"))
     return pytest.mark.parametrize("seeds", [
-        pytest.param(range(default), id=f"first-{default}-seeds"),
-        pytest.param(range(full), id=f"all-{full}-seeds", marks=pytest.mark.slow)])
+        few, pytest.param(range(full), id=f"all-{full}-seeds", marks=pytest.mark.slow)])
+
+
+def earliest_copy(test_file: str) -> str | None:
+    """The earliest stage of which the stage test module `test_file` (stageNN_name/tests/test_x.py) is a copy:
+    walking back stage by stage while the test's file and every module of the stage it imports, directly or
+    through other modules of the stage (relative imports anywhere in them, inside functions too), are
+    byte-identical to the previous stage's files of the same names. None where the previous stage's differ or
+    it has none, or the file is not a stage's test (the same outcome: nothing to share)."""
+    from pathlib import Path
+
+    test = Path(test_file).resolve()
+    stage, root = test.parents[1], test.parents[2]
+    if not stage.name.startswith("stage") or test.parent.name != "tests":
+        return None
+    files = _stage_closure(stage, test.relative_to(stage).as_posix())
+    stages = sorted(p.name for p in root.glob("stage*") if p.is_dir())
+    first = None
+    for prev in reversed(stages[:stages.index(stage.name)]):
+        here = stage if first is None else root / first
+        if not all((root / prev / f).is_file() and (root / prev / f).read_bytes() == (here / f).read_bytes()
+                   for f in files):
+            break
+        first = prev
+    return first
+
+
+def _stage_closure(stage, relpath: str) -> tuple[str, ...]:
+    """relpath (posix, inside the stage folder `stage`) and every module of the stage it imports through
+    relative imports, transitively: the files that decide what a stage's test checks."""
+    import ast
+
+    seen, todo = set(), [relpath]
+    while todo:
+        rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        path = stage / rel
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = path.parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            if node.module:
+                base = base.joinpath(*node.module.split("."))
+                targets = [base]
+            else:
+                targets = [base / a.name for a in node.names]
+            for t in targets:
+                for f in (t.with_suffix(".py"), t / "__init__.py"):
+                    if f.is_file() and stage in f.parents:
+                        todo.append(f.relative_to(stage).as_posix())
+                        break
+    return tuple(sorted(seen))
 
 
 def cases(argnames: str, argvalues):

@@ -1,11 +1,12 @@
 """CPU tier: common.testing's property-test helpers. for_each_seed runs a check over every seed in one test and
 fails naming the smallest seed that fails, with that seed's error; seed_ranges puts the whole range under the
-slow marker; cases runs a test's sizes in one test case and fails naming the first failing case."""
+slow marker, and a stage's byte-identical copy of a property test a few seeds (earliest_copy says which stage's
+code it is); cases runs a test's sizes in one test case and fails naming the first failing case."""
 import inspect
 
 import pytest
 
-from common.testing import cases, for_each_seed, seed_ranges
+from common.testing import cases, earliest_copy, for_each_seed, seed_ranges
 
 
 def test_every_seed_is_checked_smallest_first_and_its_results_come_back_in_that_order():
@@ -54,6 +55,48 @@ def test_seed_ranges_runs_a_few_seeds_by_default_and_all_of_them_when_slow():
     assert mark.args[0] == "seeds" and (default.id, full.id) == ("first-300-seeds", "all-3000-seeds")
     assert default.values == (range(300),) and full.values == (range(3000),)
     assert not default.marks and [m.name for m in full.marks] == ["slow"]
+
+
+def stages(tmp_path, *edits):
+    """Four stages whose tests/test_x.py imports mod.py, which imports dep.py inside a function; edits: (stage
+    number, file, text) applied on top."""
+    files = {"tests/test_x.py": "from ..mod import f\n", "tests/__init__.py": "", "__init__.py": "",
+             "mod.py": "def f():\n    from .dep import g\n    return g()\n", "dep.py": "def g():\n    return 1\n",
+             "other.py": "X = 1\n"}
+    for n, name in enumerate(["stage01_a", "stage02_b", "stage03_c", "stage04_d"], 1):
+        for rel, text in files.items():
+            (tmp_path / name / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / rel).write_text(text)
+        for stage, rel, text in edits:
+            if stage == n and text is None:
+                (tmp_path / name / rel).unlink()
+            elif stage == n:
+                (tmp_path / name / rel).write_text(text)
+    return lambda name: str(tmp_path / name / "tests" / "test_x.py")
+
+
+def test_a_copy_is_traced_back_through_every_module_its_test_imports(tmp_path):
+    test = stages(tmp_path, (2, "other.py", "X = 2\n"))          # a module the test does not import: no matter
+    assert [earliest_copy(test(s)) for s in ("stage01_a", "stage02_b", "stage04_d")] == \
+        [None, "stage01_a", "stage01_a"]
+    two = "def g():\n    return 2\n"
+    test = stages(tmp_path, (3, "dep.py", two), (4, "dep.py", two))      # imported inside mod's function
+    assert [earliest_copy(test(s)) for s in ("stage02_b", "stage03_c", "stage04_d")] == \
+        ["stage01_a", None, "stage03_c"]
+    test = stages(tmp_path, (2, "tests/test_x.py", "from ..mod import f  # edited\n"))   # the test itself
+    assert [earliest_copy(test(s)) for s in ("stage02_b", "stage03_c", "stage04_d")] == [None, None, "stage03_c"]
+    test = stages(tmp_path, (1, "dep.py", None))                  # an earlier stage without the module
+    assert earliest_copy(test("stage02_b")) is None and earliest_copy(test("stage03_c")) == "stage02_b"
+    assert earliest_copy(__file__) is None                        # not a stage's test
+
+
+def test_a_copy_takes_a_few_seeds_by_default_and_every_seed_under_slow(tmp_path):
+    test = stages(tmp_path)
+    default, full = seed_ranges(300, 3000, copy_seeds=20, test_file=test("stage03_c")).mark.args[1]
+    assert (default.id, default.values, default.marks) == ("first-20-seeds-as-stage01_a", (range(20),), ())
+    assert full.values == (range(3000),) and [m.name for m in full.marks] == ["slow"]
+    default, _ = seed_ranges(300, 3000, copy_seeds=20, test_file=test("stage01_a")).mark.args[1]
+    assert (default.id, default.values) == ("first-300-seeds", (range(300),))
 
 
 def test_cases_run_every_combination_in_one_call_the_top_decorator_outermost():

@@ -109,7 +109,7 @@ def test_abort_between_schedule_and_update_drops_the_rows():
     assert advanced == [b] and a.new == [] and b.new == [6]
 
 
-@seed_ranges(300, 2000)
+@seed_ranges(300, 2000, copy_seeds=20, test_file=__file__)
 def test_random_arrivals_finishes_and_aborts(seeds):
     for_each_seed(seeds, random_arrivals)
 

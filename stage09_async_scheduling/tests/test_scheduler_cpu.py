@@ -219,7 +219,7 @@ def test_the_oldest_preempts_itself_rather_than_an_older_one_and_no_block_leaks(
     assert sched.blocks.num_free == 1
 
 
-@seed_ranges(300, 3000)
+@seed_ranges(300, 3000, copy_seeds=20, test_file=__file__)
 def test_random_workloads_on_tiny_pools_finish_every_request_with_all_its_tokens(seeds):
     preemptions = for_each_seed(seeds, random_workload)
     # not vacuous: the smaller pools preempt, in a good share of the seeds

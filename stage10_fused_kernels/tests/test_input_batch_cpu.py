@@ -89,7 +89,7 @@ def random_loop(seed) -> int:
     return changed
 
 
-@seed_ranges(300, 3000)
+@seed_ranges(300, 3000, copy_seeds=20, test_file=__file__)
 def test_the_persistent_batch_packs_what_pack_packs_from_scratch(seeds):
     changed = for_each_seed(seeds, random_loop)
     assert sum(changed) > len(seeds)            # not vacuous: batches that change, not only steady decode

@@ -77,7 +77,7 @@ def test_bad_sizes_are_refused(bad):
         BlockManager(16, bad)
 
 
-@seed_ranges(200, 2000)
+@seed_ranges(200, 2000, copy_seeds=20, test_file=__file__)
 def test_random_grows_and_frees_never_share_or_lose_a_block(seeds):
     for_each_seed(seeds, random_grows_and_frees)
 

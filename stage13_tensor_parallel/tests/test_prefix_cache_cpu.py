@@ -147,7 +147,7 @@ def random_prefix_workload(seed) -> int:
     return hits
 
 
-@seed_ranges(200, 2000)
+@seed_ranges(200, 2000, copy_seeds=20, test_file=__file__)
 def test_random_workloads_with_shared_prefixes_keep_the_cache_true(seeds):
     hits = for_each_seed(seeds, random_prefix_workload)
     assert sum(h > 0 for h in hits) > len(seeds) / 2        # not vacuous: most workloads hit the cache
