@@ -30,7 +30,9 @@ stage with that code runs the few hundred.
 
 Kernel tests over many sizes (shapes, warps a column, block sizes) run them in one test: `cases` stands where
 `pytest.mark.parametrize` would, with the same arguments, and loops over every case inside one test case, failing
-once with each failing case named by its parameters.
+once with each failing case named by its parameters. The engine tests that run the numpy reference model over the
+same sequences again and again (the reference's run, the engine's rows, a preemption's recompute) ask it through
+`remember_logits`.
 """
 from __future__ import annotations
 
@@ -301,3 +303,39 @@ def _case_name(case: dict) -> str:
         return r if len(r) <= 60 else r[:57] + "..."
 
     return ", ".join(f"{k}={short(v)}" for k, v in case.items())
+
+
+_REMEMBERED: dict = {}   # a model's fingerprint -> its memo of logits by token sequence, for the whole process
+
+
+def remember_logits(reference, size: int = 2048):
+    """`reference` (a ReferenceEngine) with its model's last_logits(token_ids) answered from a memo of the last
+    `size` token sequences asked of a model with the same config and weights (a copy each time), and returned.
+    The numpy model's logits are a function of its config, its weights and the tokens alone, and the engine tests
+    ask for each sequence's logits again and again: the reference engine's own run, then the engine under test's
+    rows (the same histories where the engine is right; any other history misses and is computed), again where a
+    preemption recomputes a request, and again in the next stage's copy of the test, which runs the same workloads
+    over the same session checkpoint. 0.5 MB a sequence at the 128K vocabulary: 1 GB at most."""
+    import hashlib
+    from collections import OrderedDict
+
+    model = reference.model
+    h = hashlib.sha256(repr(model.config).encode())
+    for name in sorted(model.w):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(model.w[name]).tobytes())
+    memo = _REMEMBERED.setdefault(h.hexdigest(), OrderedDict())
+    compute = model.last_logits
+
+    def last_logits(token_ids):
+        key = tuple(int(t) for t in token_ids)
+        if key in memo:
+            memo.move_to_end(key)
+        else:
+            memo[key] = compute(list(key))
+            while len(memo) > size:
+                memo.popitem(last=False)
+        return memo[key].copy()
+
+    model.last_logits = last_logits
+    return reference

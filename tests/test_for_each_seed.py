@@ -1,12 +1,15 @@
 """CPU tier: common.testing's property-test helpers. for_each_seed runs a check over every seed in one test and
 fails naming the smallest seed that fails, with that seed's error; seed_ranges puts the whole range under the
 slow marker, and a stage's byte-identical copy of a property test a few seeds (earliest_copy says which stage's
-code it is); cases runs a test's sizes in one test case and fails naming the first failing case."""
+code it is); cases runs a test's sizes in one test case and fails naming the first failing case; remember_logits
+answers a reference model's repeated questions from a memo."""
 import inspect
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from common.testing import cases, earliest_copy, for_each_seed, seed_ranges
+from common.testing import cases, earliest_copy, for_each_seed, remember_logits, seed_ranges
 
 
 def test_every_seed_is_checked_smallest_first_and_its_results_come_back_in_that_order():
@@ -97,6 +100,34 @@ def test_a_copy_takes_a_few_seeds_by_default_and_every_seed_under_slow(tmp_path)
     assert full.values == (range(3000),) and [m.name for m in full.marks] == ["slow"]
     default, _ = seed_ranges(300, 3000, copy_seeds=20, test_file=test("stage01_a")).mark.args[1]
     assert (default.id, default.values) == ("first-300-seeds", (range(300),))
+
+
+def fake_reference(asked, weight):
+    def last_logits(token_ids):
+        asked.append((weight, list(token_ids)))
+        return np.array([sum(token_ids), len(token_ids) * weight], np.float32)
+
+    model = SimpleNamespace(config="tiny", w={"w": np.full(3, weight, np.float32)}, last_logits=last_logits)
+    return SimpleNamespace(model=model)
+
+
+def test_remembered_logits_are_the_model_s_for_each_sequence_computed_once_while_remembered():
+    asked = []
+    ref = fake_reference(asked, 1.5)
+    assert remember_logits(ref, size=2) is ref
+    got = [ref.model.last_logits(t).tolist() for t in ([1, 2], np.array([1, 2]), [1, 2, 3], [1, 2], [4], [1, 2, 3])]
+    assert got == [[3, 3], [3, 3], [6, 4.5], [3, 3], [4, 1.5], [6, 4.5]]
+    assert asked == [(1.5, t) for t in ([1, 2], [1, 2, 3], [4], [1, 2, 3])]   # [1, 2, 3]: least recently asked
+    ref.model.last_logits([4])[0] = 99                        # a copy: the memo keeps the model's answer
+    assert ref.model.last_logits([4]).tolist() == [4, 1.5]
+
+
+def test_a_model_of_the_same_weights_shares_the_memo_and_one_of_other_weights_does_not():
+    asked = []
+    first, same, other = (remember_logits(fake_reference(asked, w)) for w in (2.5, 2.5, 3.5))
+    assert first.model.last_logits([7]).tolist() == [7, 2.5]
+    assert same.model.last_logits([7]).tolist() == [7, 2.5] and other.model.last_logits([7]).tolist() == [7, 3.5]
+    assert asked == [(2.5, [7]), (3.5, [7])]
 
 
 def test_cases_run_every_combination_in_one_call_the_top_decorator_outermost():

@@ -6,13 +6,14 @@ import pytest
 
 from common.reference import ReferenceEngine
 from common.sampling import SamplingParams
+from common.testing import remember_logits
 
 from ..cpu_engine import CpuEngine
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_dir):
-    return ReferenceEngine(str(tiny_dir), max_model_len=96)
+    return remember_logits(ReferenceEngine(str(tiny_dir), max_model_len=96))
 
 
 def workload(n, seed, temperature=0.0):

@@ -7,6 +7,7 @@ import pytest
 from common.prompts import PromptError, PromptPreparer
 from common.reference import ReferenceEngine, sample_reference
 from common.sampling import SamplingParams
+from common.testing import remember_logits
 
 from ..llm_engine import LLMEngine
 
@@ -37,7 +38,7 @@ class NumpyRunner:
 
 @pytest.fixture(scope="module")
 def reference(tiny_dir):
-    return ReferenceEngine(str(tiny_dir), max_model_len=96)
+    return remember_logits(ReferenceEngine(str(tiny_dir), max_model_len=96))
 
 
 def engine(reference, max_num_seqs=3, max_num_batched_tokens=16):

@@ -12,6 +12,7 @@ import pytest
 from common.prompts import PromptError, PromptPreparer
 from common.reference import ReferenceEngine, sample_reference
 from common.sampling import SamplingParams
+from common.testing import remember_logits
 
 from ..block_manager import BlockManager, blocks_for
 from ..llm_engine import LLMEngine, Ready
@@ -63,7 +64,7 @@ class NumpyRunner:
 
 @pytest.fixture(scope="module")
 def reference(tiny_dir):
-    return ReferenceEngine(str(tiny_dir), max_model_len=96)
+    return remember_logits(ReferenceEngine(str(tiny_dir), max_model_len=96))
 
 
 @pytest.fixture(autouse=True, params=[False, True], ids=["sync", "async"])

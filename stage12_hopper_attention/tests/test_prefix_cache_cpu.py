@@ -10,7 +10,7 @@ import pytest
 from common.outputs import Timing
 from common.reference import ReferenceEngine
 from common.sampling import SamplingParams
-from common.testing import for_each_seed, seed_ranges
+from common.testing import for_each_seed, remember_logits, seed_ranges
 
 from ..block_manager import BlockManager, block_hashes
 from ..cpu_engine import CpuEngine
@@ -156,7 +156,7 @@ def test_random_workloads_with_shared_prefixes_keep_the_cache_true(seeds):
 # ---------------------------------------------------------------------- the engine, caching on and off
 @pytest.fixture(scope="module")
 def reference(tiny_dir):
-    return ReferenceEngine(str(tiny_dir), max_model_len=96)
+    return remember_logits(ReferenceEngine(str(tiny_dir), max_model_len=96))
 
 
 def shared_prefix_requests(n, seed):
