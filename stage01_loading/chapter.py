@@ -11,7 +11,7 @@ def load_results() -> str:
     """Every committed load result of this stage (harness JSON and pytest-benchmark JSON)."""
     rows = ["| date | GPU | measured by | load to GPU, GB/s | plain read of the same bytes, GB/s |",
             "| --- | --- | --- | --- | --- |"]
-    for path in sorted(RESULTS.glob("*_load-*.json")):
+    for path in sorted(RESULTS.glob("*_load-*.json"), key=lambda p: p.name.split("_")[1:]):   # by date, any GPU
         r = json.loads(path.read_text())
         s = r["stages"][__package__]
         procs = r["raw"][__package__]           # one entry a process: its runs (older files: one figure each)

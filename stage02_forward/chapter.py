@@ -44,7 +44,7 @@ def latency_runs() -> str:
     the weights once at the copy bandwidth measured in that run."""
     rows = ["| run | engine | ms per decode step | floor | time to first token | output tok/s |",
             "| --- | --- | --- | --- | --- | --- |"]
-    for path in sorted(RESULTS.glob("*_latency-*.json")):
+    for path in sorted(RESULTS.glob("*_latency-*.json"), key=lambda p: p.name.split("_")[1:]):   # by date
         r = results.load(path)
         if __package__ not in r["stages"] or r.get("kv_cache_gib"):
             continue
@@ -52,7 +52,7 @@ def latency_runs() -> str:
         for name, s in r["stages"].items():
             if name != __package__ and not name.startswith("hf"):
                 continue
-            rows.append(f"| {r['date']}, `{path.stem.split('_', 2)[2]}` | `{name}` | {s['ms_per_decode_step']:.2f} | "
+            rows.append(f"| {r['date']}, {r['environment']['gpu']}, `{path.stem.split('_', 2)[2]}` | `{name}` | {s['ms_per_decode_step']:.2f} | "
                         f"{s['weight_bytes'] / bandwidth / 1e6:.2f} ms | {s['ttft_ms']:.2f} ms | "
                         f"{s['output_tok_per_s']:.1f} |")
     return "\n".join(rows)

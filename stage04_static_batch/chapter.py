@@ -69,7 +69,7 @@ def ragged_runs() -> str:
             spread = s.get("spread", {}).get("output_tok_per_s")
             spread = f" ({spread[0]:,.0f}-{spread[1]:,.0f})" if spread else ""     # a run of one has none
             length = f"{s['max_model_len']:,}" if "max_model_len" in s else "-"     # not recorded by the first run
-            rows.append(f"| {r['date']}, `{name}` | `{engine}` | {length} | "
+            rows.append(f"| {r['date']}, {r['environment']['gpu']}, `{name}` | `{engine}` | {length} | "
                         f"{s['output_tok_per_s']:,.0f}{spread} | {s.get('batches', '-')} | "
                         f"{pct(s.get('slot_waste'))} | {pct(s.get('padding_share'))} | "
                         f"{s['ms_per_decode_step']:.2f} | {s['ttft_ms'] / 1e3:.1f} s |")
