@@ -52,9 +52,9 @@ def latency_runs() -> str:
         for name, s in r["stages"].items():
             if name != __package__ and not name.startswith("hf"):
                 continue
-            rows.append(f"| {r['date']}, {r['environment']['gpu']}, `{path.stem.split('_', 2)[2]}` | `{name}` | {s['ms_per_decode_step']:.2f} | "
-                        f"{s['weight_bytes'] / bandwidth / 1e6:.2f} ms | {s['ttft_ms']:.2f} ms | "
-                        f"{s['output_tok_per_s']:.1f} |")
+            rows.append(f"| {r['date']}, {r['environment']['gpu']}, `{path.stem.split('_', 2)[2]}` | `{name}` | "
+                        f"{s['ms_per_decode_step']:.2f} | {s['weight_bytes'] / bandwidth / 1e6:.2f} ms | "
+                        f"{s['ttft_ms']:.2f} ms | {s['output_tok_per_s']:.1f} |")
     return "\n".join(rows)
 
 

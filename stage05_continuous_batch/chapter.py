@@ -5,6 +5,7 @@ data-driven ones.
   against-stage04   `latency`, `batch` and `ragged`: this stage beside stage04 in one run of each (and stage04
                     beside HF sdpa on `ragged` in the run that had the baseline), read from the result files named
   step-split        the committed pytest-benchmark run of bench_batch.py: one decode step split into GPU and host
+  ladder-pair       stage04 and this stage in each workload's newest complete ladder run (common.course.ladders)
 
 The timeline is the scheduler's real plan, drawn step by step. When every request runs to its max_tokens
 (ignore_eos, as in the benchmarks), which tokens are sampled changes nothing in the plan, so the scheduler alone
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import string
 
-from common.course import results
+from common.course import ladders, results
 from common.outputs import Timing
 from common.course.readme import RESULTS, split_table
 from common.sampling import SamplingParams
@@ -159,4 +160,5 @@ def step_split() -> str:
     return split_table("pytest-bench-continuous", "batch_size", "B running sequences (256 cached positions each)")
 
 
-GENERATORS = {"timeline": timeline, "against-stage04": against_stage04, "step-split": step_split}
+GENERATORS = {"timeline": timeline, "against-stage04": against_stage04, "step-split": step_split,
+              "ladder-pair": lambda: ladders.pair(ENGINES[0], __package__)}

@@ -6,11 +6,13 @@ data-driven ones.
                      both, read from the committed result files that each row names
   attention-kernels  the committed pytest-benchmark runs of bench_attention.py: decode against its floor, prefill's
                      achieved TFLOP/s against the tensor cores' ceiling
+  ladder-pair        stage05 and this stage in each workload's newest complete ladder run (common.course.ladders)
 """
 from __future__ import annotations
 
 import json
 
+from common.course import ladders
 from common.course.readme import RESULTS, pytest_bench
 from common.synthetic import PRESETS
 
@@ -143,4 +145,4 @@ def against_stage05() -> str:
 
 
 GENERATORS = {"bytes-per-row": bytes_per_row, "against-stage05": against_stage05,
-              "attention-kernels": attention_kernels}
+              "attention-kernels": attention_kernels, "ladder-pair": lambda: ladders.pair(ENGINES[0], THIS)}

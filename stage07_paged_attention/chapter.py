@@ -9,6 +9,7 @@ data-driven ones.
                   beside the previous stage's contiguous ones; decode against its floor, prefill's TFLOP/s
   ample-memory    the committed harness runs of this stage against the previous one alone, each engine sizing
                   its own cache: `latency`, `batch` and `ragged`, the newest run of each
+  ladder-pair     the previous stage and this one in each workload's newest complete ladder run (common.course.ladders)
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
+from common.course import ladders
 from common.course.readme import RESULTS, pytest_bench
 from common.synthetic import PRESETS
 from common.bench.workloads import make_requests
@@ -161,4 +163,4 @@ def ample_memory() -> str:
 
 
 GENERATORS = {"worked-example": worked_example, "fragmentation": fragmentation, "paged-kernels": paged_kernels,
-              "ample-memory": ample_memory}
+              "ample-memory": ample_memory, "ladder-pair": lambda: ladders.pair(PREVIOUS, HERE.name)}
