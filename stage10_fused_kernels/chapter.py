@@ -23,6 +23,7 @@ whether that tree has been measured yet and which command measures it.
   harness          the newest harness runs (not the ladders) of `latency`, `batch` and `ragged` that hold this
                    stage, on the GPU of the newest `latency` run: every engine of each run, medians of its repeats
                    with their spread
+  ladder-pair      the previous stage and this one in each workload's newest complete ladder run (common.course.ladders)
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import functools
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from common.course import results
+from common.course import ladders, results
 from common.bench.profile import ORDER
 from common.course.readme import RESULTS, ROOT
 
@@ -369,4 +370,4 @@ def harness() -> str:
 
 GENERATORS = {"kernel-history": kernel_history, "profile-pair": profile_pair,
               "gemv-kinds": gemv_kinds, "gemv-folded": gemv_folded, "gemv-boundaries": gemv_boundaries,
-              "step-split": step_split, "harness": harness}
+              "step-split": step_split, "harness": harness, "ladder-pair": lambda: ladders.pair(PREVIOUS, STAGE)}

@@ -6,12 +6,16 @@ data-driven ones.
   when-it-pays  a batch-1 decode step's floor, the weights' bytes a rank reads over the copy bandwidth, against the
                 all-reduces a step adds (two a layer), at TP = 1, 2 and 4 for both shapes; the bandwidth is the one
                 measured in the stage10 profile, the all-reduce's latency an assumption until measured here
+  ladder-pair   stage12 and this stage at TP = 1 in each workload's newest complete ladder run (common.course.ladders)
 """
 from __future__ import annotations
 
+from common.course import ladders
 from common.synthetic import PRESETS
 
 from .tensor_parallel import plan
+
+PREVIOUS = "stage12_hopper_attention"       # the engine this one is at tensor_parallel_size=1
 
 SHAPES = ("llama-3.2-1b", "llama-3.1-8b")
 COPY_GB_PER_S = 4193          # the H200's copy bandwidth, as COPY_SOURCE measured it
@@ -59,4 +63,5 @@ def when_it_pays() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"layer-split": layer_split, "when-it-pays": when_it_pays}
+GENERATORS = {"layer-split": layer_split, "when-it-pays": when_it_pays,
+              "ladder-pair": lambda: ladders.pair(PREVIOUS, __package__)}
