@@ -21,10 +21,14 @@
 # benchmarks/results/ and committed. Compiled kernels go to $TINY_VLLM_KERNEL_CACHE, default .kernel-cache/ (git-
 # ignored): carried to the next machine, it spares that run NVRTC (common/compile.py says why no stale cubin can be
 # used). LOGS_TAR=F, KERNELS_TAR=F: the logs and the kernels as one archive each, to copy off the machine.
+# `bash scripts/gpu_check.sh LOGS PARTS` (a folder first) is the same with $GPU_LOGS=LOGS.
 # COMMIT: the commit the tree is (default: git's HEAD), named in the tests part's summary. PART_LIMIT_S: each
 # step's time limit (default 540 s), so a hang still leaves the other logs behind.
 set -uo pipefail
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (nvidia-smi not found); it runs the GPU tests and benchmarks; on a CPU: python -m pytest"; exit 2; }
+# `gpu_check.sh LOGS PARTS`, the older form the chapters' commands use, names the log folder first
+is_part() { [[ $1 =~ ^(all|tests|tests-[0-9][0-9]-[0-9][0-9]|tests-cross|ladder-[a-z-]+|hf-cb|serve|serve-[a-z]+|profile|bench[0-9a-z-]*|launch|ncu1[02]|builds|prefill-profile|host-profile|latency|batch|long|long-hf-32k|prefix|ragged|ragged-kv|multigpu)(,.*)?$ ]]; }
+if [ $# -ge 2 ] && ! is_part "$1"; then GPU_LOGS=$1; shift; fi
 part=$(echo "${*:-all}" | tr ' ' ,)
 want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 export PYTHONUNBUFFERED=1 TINY_VLLM_CACHE=${TINY_VLLM_CACHE:-/tmp/tiny-vllm-cache}
