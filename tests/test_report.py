@@ -158,3 +158,15 @@ def test_a_stage_slower_than_the_one_before_needs_a_sentence_unless_the_run_cann
     monkeypatch.setitem(slower.WHY, ("stage03_c", "output_tok_per_s"), "it does more")
     said, missing = slower.lines(results, ["stage01_a", "stage02_b", "stage03_c"], columns)
     assert not missing and said[-1].endswith("1.24x slower than `stage02_b`: it does more.")
+
+
+def test_a_baseline_run_alone_on_the_ladders_gpu_and_day_joins_its_column(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    one = {"output_tok_per_s": 3.0, "spread": {}}
+    _result(tmp_path, "a_ragged-ladder_100000.json", "ragged", {"stage04_static_batch": one}, "10:00:00",
+            ladder=True, complete=True)
+    _result(tmp_path, "b_ragged-hf-cb_110000.json", "ragged", {"hf-cb": one}, "11:00:00", repeats=1)
+    _result(tmp_path, "c_ragged-hf-sdpa_120000.json", "ragged", {"hf-sdpa": one}, "12:00:00",
+            environment={"gpu": "another GPU"})                                     # another machine: left out
+    got = report.newest()["ragged"]
+    assert set(got) == {"stage04_static_batch", "hf-cb"} and got["hf-cb"][1] == ["b_ragged-hf-cb_110000.json"]

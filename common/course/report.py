@@ -62,9 +62,18 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
     newest = {gpu: i for i, (gpu, _, _) in enumerate(ladders)}        # each GPU's newest ladder run, in order
     gpu = max(workloads, key=lambda g: (workloads[g], newest[g]), default=None)
     ladder = {w: name for g, w, name in ladders if g == gpu}            # the newest complete one wins
+    ran = {name: (r["date"], set(r["stages"])) for _, r, name in files if name in ladder.values()}
+
+    def alone(r: dict) -> bool:
+        """A baseline the ladder leaves out (hf-cb on ragged), run on its own on the ladder's GPU and day: it
+        joins the ladder's column, its file named beside it."""
+        date, engines_there = ran[ladder[r["workload"]["name"]]]
+        return (not r.get("ladder") and r["environment"]["gpu"] == gpu and r["date"] == date
+                and all(not e.startswith("stage") and e not in engines_there for e in r["stages"]))
+
     out: dict[str, dict[str, tuple[dict, list[str]]]] = {}
     for _, r, name in sorted(files, key=lambda f: f[0]):
-        if ladder.get(r["workload"]["name"], name) != name:
+        if ladder.get(r["workload"]["name"], name) != name and not alone(r):
             continue
         for engine, s in r["stages"].items():
             if "skipped" in s:
@@ -129,8 +138,12 @@ def table() -> str:
             for name in names:
                 by_file.setdefault(name, []).append(f"`{e}`")
         cut = {name for name in by_file if json.loads((RESULTS / name).read_text()).get("complete") is False}
-        if len(by_file) == 1 and json.loads((RESULTS / next(iter(by_file))).read_text()).get("ladder"):
-            lines.append(f"- {workload}: the ladder run `{next(iter(by_file))}`")
+        runs = {name: json.loads((RESULTS / name).read_text()) for name in by_file}
+        ladder = [name for name, r in runs.items() if r.get("ladder")]
+        if ladder:
+            lines.append(f"- {workload}: the ladder run `{ladder[0]}`" + "".join(
+                f"; {', '.join(es)} alone in `{name}` ({runs[name].get('repeats', '?')} repeat(s), on the "
+                f"ladder's GPU and day)" for name, es in by_file.items() if name != ladder[0]))
             continue
         sources = [f"{', '.join(es)} from `{name}`" + (" (a run cut off by its time limit: what it had not reached"
                                                       " is not in it)" if name in cut else "")
