@@ -22,7 +22,7 @@
 # ignored): carried to the next machine, it spares that run NVRTC (common/compile.py says why no stale cubin can be
 # used). LOGS_TAR=F, KERNELS_TAR=F: the logs and the kernels as one archive each, to copy off the machine.
 # `bash scripts/gpu_check.sh LOGS PARTS` (a folder first) is the same with $GPU_LOGS=LOGS.
-# COMMIT: the commit the tree is (default: git's HEAD), named in the tests part's summary. PART_LIMIT_S: each
+# COMMIT: the commit the tree is (default: git's HEAD, or a file COMMIT), named in the tests part's summary. PART_LIMIT_S: each
 # step's time limit (default 540 s), so a hang still leaves the other logs behind.
 set -uo pipefail
 command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (nvidia-smi not found); it runs the GPU tests and benchmarks; on a CPU: python -m pytest"; exit 2; }
@@ -44,7 +44,7 @@ status=0
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr " " -)
 day=$(date -u +%F)
 logs=${GPU_LOGS:-gpu-logs/$day-$gpu}
-commit=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+commit=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo unknown)}   # COMMIT: a tree without .git
 mkdir -p "$logs" "$TINY_VLLM_KERNEL_CACHE"
 limit=${PART_LIMIT_S:-540}
 # run NAME CMD...: CMD under the time limit, its output in $logs/NAME.log, then one summary line
