@@ -3,11 +3,10 @@ the reference engine, and on the 1B preset against Hugging Face transformers (bf
 import numpy as np
 import pytest
 
-from common.checkpoint import Checkpoint
-from common.reference import ReferenceEngine, ReferenceModel
+from common.reference import ReferenceEngine
 from common.references import hf_logits, reference_logits
 from common.sampling import SamplingParams
-from common.testing import NEAR_TIE, agreement_line, check_greedy, rel_l2, rel_l2_rows, top1_margin
+from common.testing import NEAR_TIE, agreement_line, check_greedy, rel_l2, rel_l2_rows, remember_logits, top1_margin
 
 pytestmark = pytest.mark.gpu
 CHECKPOINTS = ["tiny_dir", "small_dir", "tiny_untied_dir", "tiny_sharded_dir"]
@@ -56,13 +55,12 @@ def test_greedy_tokens_equal_the_reference_engine(fixture, request, engines):
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     prompts = [prompt_ids(9, seed=2), "The quick brown fox"]
     got = engine.generate(prompts, params)
-    want = ReferenceEngine(str(folder), max_model_len=256).generate(prompts, params)
-    ref_model = ReferenceModel(Checkpoint(folder))
+    want = remember_logits(ReferenceEngine(str(folder), max_model_len=256)).generate(prompts, params)
     for g, w in zip(got, want):
         assert len(g.token_ids) == len(w.token_ids) == 32 and g.finish_reason == w.finish_reason == "length"
         full = w.prompt_token_ids + w.token_ids
         steps = slice(len(w.prompt_token_ids) - 1, len(full) - 1)            # the logits that chose each token
-        ref_logits = ref_model.forward(full)[steps]
+        ref_logits = reference_logits(folder, full)[steps]
         our_logits = engine.logits(full)[steps]
         assert rel_l2(our_logits, ref_logits) < 2e-2
         diverged = check_greedy(g.token_ids, w.token_ids, our_logits, ref_logits)

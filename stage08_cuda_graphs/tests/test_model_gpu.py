@@ -10,7 +10,7 @@ from common.checkpoint import Checkpoint
 from common.reference import ReferenceEngine, ReferenceModel
 from common.references import hf_logits, reference_logits, torch_last_logits
 from common.sampling import SamplingParams
-from common.testing import NEAR_TIE, agreement_line, check_greedy, rel_l2, rel_l2_rows, top1_margin
+from common.testing import NEAR_TIE, agreement_line, check_greedy, rel_l2, rel_l2_rows, remember_logits, top1_margin
 
 pytestmark = pytest.mark.gpu
 CHECKPOINTS = ["tiny_dir", "small_dir", "tiny_untied_dir", "tiny_sharded_dir"]
@@ -125,11 +125,10 @@ def test_greedy_tokens_equal_the_reference_engine(tiny_dir, small_dir, engines):
         prompts = [prompt_ids(n, seed=20 + n) for n in lengths] + ["The quick brown fox"]
         params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in max_tokens + [32]]
         got = engine.generate(prompts, params)
-        want = ReferenceEngine(str(folder), max_model_len=256).generate(prompts, params)
-        ref_model = ReferenceModel(Checkpoint(folder))
+        want = remember_logits(ReferenceEngine(str(folder), max_model_len=256)).generate(prompts, params)
         for g, w in zip(got, want):
             full = w.prompt_token_ids + w.token_ids
-            ref_logits = ref_model.forward(full)[len(w.prompt_token_ids) - 1:len(full) - 1]
+            ref_logits = reference_logits(folder, full)[len(w.prompt_token_ids) - 1:len(full) - 1]
             our_logits = engine.logits(full)[len(w.prompt_token_ids) - 1:len(full) - 1]
             assert rel_l2(our_logits, ref_logits) < 2e-2
             diverged = check_greedy(g.token_ids, w.token_ids, our_logits, ref_logits)
