@@ -4,10 +4,12 @@
 # The parts a run of the course needs:
 #   tests            every stage's GPU tests in one pytest process (-m gpu, slow ones included), and
 #                    <GPU>_<date>_gpu-tests.json: passed, failed and skipped per stage (common/bench/gpu_tests.py);
-#                    tests-NN-MM (stages NN to MM) and tests-cross (tests/) run a shard of it
+#                    tests-NN-MM (stages NN to MM) and tests-cross (tests/) run a shard of it; TEST_PATHS and
+#                    TEST_ARGS (-k ...) narrow it (the summary then says so: a subset, not complete); CLI_STAGES
+#                    ("01 13"): each stage's command line once on the 1B, after the tests (default: none)
 #   ladder-W         `common.bench --ladder --workload W`, W: load, latency, batch, ragged, long; ladder-ragged-kv:
 #                    ragged at its KV budget (workloads.LADDERS: every engine the same KV cache memory)
-#   hf-cb            transformers' continuous batching on ragged, alone (one repeat: about 170 s one)
+#   hf-cb            transformers' continuous batching on ragged, alone (one repeat, about 170 s)
 #   serve-W          the server over stage $SERVE_STAGE (default 11) under the harness's clients on workload W
 #                    (ragged, prefix, chat), the engine alone in the same run, then the fault run
 #   profile          a decode step kernel by kernel (common.profile; needs cupti-python): PROFILE_RUNS of stage:batch
@@ -30,6 +32,9 @@ command -v nvidia-smi >/dev/null || { echo "$0: no NVIDIA GPU on this machine (n
 is_part() { [[ $1 =~ ^(all|tests|tests-[0-9][0-9]-[0-9][0-9]|tests-cross|ladder-[a-z-]+|hf-cb|serve|serve-[a-z]+|profile|bench[0-9a-z-]*|launch|ncu1[02]|builds|prefill-profile|host-profile|latency|batch|long|long-hf-32k|prefix|ragged|ragged-kv|multigpu)(,.*)?$ ]]; }
 if [ $# -ge 2 ] && ! is_part "$1"; then GPU_LOGS=$1; shift; fi
 part=$(echo "${*:-all}" | tr ' ' ,)
+for p in ${part//,/ }; do   # a misspelt part would run nothing and pass
+  is_part "$p" || { echo "$0: no part '$p' (the parts are listed at the top of $0)"; exit 2; }
+done
 want() { [ "$part" = all ] || [[ ",$part," == *",$1,"* ]]; }
 export PYTHONUNBUFFERED=1 TINY_VLLM_CACHE=${TINY_VLLM_CACHE:-/tmp/tiny-vllm-cache}
 export TINY_VLLM_KERNEL_CACHE=${TINY_VLLM_KERNEL_CACHE:-$PWD/.kernel-cache}
@@ -52,12 +57,13 @@ run() {
   local name=$1; shift; local t0=$SECONDS
   echo "== $name: $*"
   timeout "$limit" "$@" 2>&1 | tee "$logs/$name.log"; local rc=${PIPESTATUS[0]}
-  local said; said=$(grep -E "^(=+ )?[0-9]+ (passed|failed)|^wrote |^[0-9]+ passed, " "$logs/$name.log" | tail -1 | sed 's/=//g')
+  local said; said=$(grep -E "^=+ .* in [0-9.]+s|^[0-9]+ (passed|failed).* in [0-9.]+s|^wrote " "$logs/$name.log" \
+      | tail -1 | sed -E 's/^=+ | =+$//g')
   echo "== $name: rc=$rc, $((SECONDS - t0)) s${said:+: $said}"
   [ "$rc" = 0 ] || status=1
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$logs/gpu.txt"
-{ date -u; echo "commit $commit"; } | tee -a "$logs/gpu.txt"
+{ date -u; echo "day $day"; echo "commit $commit"; } | tee -a "$logs/gpu.txt"
 echo "== kernels cached at the start: $(ls "$TINY_VLLM_KERNEL_CACHE" | wc -l)"
 # tests: every stage's GPU tests; tests-NN-MM: stages NN to MM alone, tests-cross: tests/ alone (the whole tier
 # took about 25 minutes in one process on an H100, 2026-12-08: more than one command, so it also runs in shards)
@@ -66,17 +72,19 @@ for p in ${part//,/ }; do
   if [[ $p =~ ^tests-([0-9][0-9])-([0-9][0-9])$ ]]; then
     paths=$(for d in stage[0-9][0-9]_*; do n=${d:5:2}; [ "$((10#$n))" -ge "$((10#${BASH_REMATCH[1]}))" ] \
         && [ "$((10#$n))" -le "$((10#${BASH_REMATCH[2]}))" ] && echo "$d"; done)
+    [ -n "$paths" ] || { echo "$0: $p: no stage folder in that range"; exit 2; }
     shards+=("gpu-$p:$(echo $paths)")
   elif [ "$p" = tests-cross ]; then shards+=("gpu-tests-cross:tests"); fi
 done
+shard_logs=()
 for shard in "${shards[@]}"; do   # each case's outcome as it runs (-v), so a run cut off still says what passed
-  name=${shard%%:*}
-  run "$name" python3 -m pytest -m gpu -p no:cacheprovider -v -rs --durations=30 --junitxml="$logs/$name.xml" \
+  name=${shard%%:*}; shard_logs+=("$logs/$name.log")
+  run "$name" python3 -m pytest -m gpu -p no:cacheprovider -v -ra --durations=30 --junitxml="$logs/$name.xml" \
       ${TEST_ARGS:-} ${shard#*:}
 done
-if [ ${#shards[@]} -gt 0 ]; then   # the per-stage summary of every shard of this folder, cut-off ones included
-  python3 -m common.bench.gpu_tests "$logs"/gpu-tests*.log --commit "$commit" --gpu "$(head -2 "$logs/gpu.txt" \
-      | tail -1 | cut -d, -f1)" --out "$logs"
+if [ ${#shards[@]} -gt 0 ]; then   # the per-stage summary of this run's shards, a cut-off one included
+  python3 -m common.bench.gpu_tests "${shard_logs[@]}" --commit "$commit" --gpu "$(head -2 "$logs/gpu.txt" \
+      | tail -1 | cut -d, -f1)" --selected "$(echo ${TEST_ARGS:-} ${TEST_PATHS:-})" --out "$logs"
   for st in ${CLI_STAGES-}; do   # CLI_STAGES="01 13": each stage's command line once on the 1B
     if [ "$st" = 01 ]; then args=(); else args=(--max-tokens 24 --seed 1); fi
     run "cli-$st" python3 -m "$(basename stage${st}_*)" --prompt "Hello, world!" --chat "${args[@]}"

@@ -40,3 +40,24 @@ def test_the_summary_file_is_named_by_gpu_and_date_and_a_missing_log_is_one_line
     assert record["commit"] == "abc1234" and record["complete"] and record["stages"]["tests"]["passed"] == 1
     assert main([str(tmp_path / "none.log"), "--commit", "a", "--gpu", "g", "--out", str(tmp_path)]) == 2
     assert "none.log: no such log" in capsys.readouterr().err
+
+
+def test_ids_with_spaces_a_module_that_fails_to_import_and_an_interrupted_run(tmp_path):
+    log = """stage02_forward/tests/test_gpu.py::test_p[a b] PASSED              [ 10%]
+stage02_forward/tests/test_gpu.py::test_p[a c] PASSED              [ 20%]
+==================================== ERRORS ====================================
+_____________ ERROR collecting stage03_kvcache/tests/test_gpu.py ______________
+E   ImportError: cannot import name 'x'
+!!!!!!!!!!!!!!!!!!!! Interrupted: 1 error during collection !!!!!!!!!!!!!!!!!!!!
+=============================== 1 error in 0.18s ===============================
+"""
+    stages, _, complete = per_stage([log])
+    assert stages["stage02_forward"]["passed"] == 2                   # two cases, though their ids hold a space
+    assert stages["stage03_kvcache"]["failed"] == 1 and not complete
+    (tmp_path / "gpu.txt").write_text("name, driver\nNVIDIA H100, 580\nTue Dec  8 01:16:35 AM UTC 2026\n"
+                                      "day 2026-12-07\ncommit abc\n")
+    (tmp_path / "gpu-tests.log").write_text(FIRST)
+    assert main([str(tmp_path / "gpu-tests.log"), "--commit", "abc", "--gpu", "G", "--out", str(tmp_path),
+                 "--selected", "-k gemv"]) == 0
+    record = json.loads((tmp_path / "G_2026-12-07_gpu-tests.json").read_text())   # the run's day, not today's
+    assert record["selected"] == "-k gemv" and not record["complete"] and record["logs"] == ["gpu-tests.log"]

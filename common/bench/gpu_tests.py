@@ -8,8 +8,10 @@ from which the README's status of each stage is generated.
      "stages": {"stage01_loading": {"passed": N, "failed": 0, "skipped": K}, ..., "tests": {...}}}
 
 A case counts under the top folder of its file (stageNN_name, or tests for the cross-stage ones), once, by its
-worst outcome (a pass whose teardown errs is a failure, as pytest's own summary counts it). A log without pytest's
-closing line is a run cut off: the summary says complete: false, and its cases not reached are not in it.
+worst outcome: a pass whose teardown errs counts here as a failure (pytest's own line counts it twice, a pass and
+an error). A test file that fails to import counts as one failure of its folder. A log without pytest's closing
+line (a run cut off), or one pytest interrupted, makes the summary complete: false; the cases it did not reach
+are not in it.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import re
 import sys
 from pathlib import Path
 
-CASE = re.compile(r"^(?P<file>[\w./-]+\.py)::\S+(?: \S+)*? (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+CASE = re.compile(r"^(?P<node>[\w./-]+\.py::\S+(?: \S+)*?) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+COLLECTING = re.compile(r"^_+ ERROR collecting (?P<file>\S+) _+$")
 CLOSING = re.compile(r"^=+ .*\b(?:passed|failed|skipped|error|errors|deselected)\b.* in (?P<s>[\d.]+)s")
 KIND = {"PASSED": "passed", "XPASS": "passed", "XFAIL": "skipped", "SKIPPED": "skipped", "FAILED": "failed",
         "ERROR": "failed"}
@@ -32,16 +35,17 @@ def per_stage(logs: list[str]) -> tuple[dict[str, dict[str, int]], float, bool]:
     outcome: dict[str, str] = {}
     wall, complete = 0.0, True
     for text in logs:
-        closed = False
+        closed, interrupted = False, False
         for line in text.splitlines():
-            if m := CASE.match(line):
-                node = line.split(" ", 1)[0]
-                kind = KIND[m["outcome"]]
-                if WORST.index(kind) < WORST.index(outcome.get(node, "passed")) or node not in outcome:
+            m = CASE.match(line)
+            if m or (m := COLLECTING.match(line)):
+                node, kind = (m["node"], KIND[m["outcome"]]) if "outcome" in m.groupdict() else (m["file"], "failed")
+                if node not in outcome or WORST.index(kind) < WORST.index(outcome[node]):
                     outcome[node] = kind
             elif m := CLOSING.match(line):
                 closed, wall = True, wall + float(m["s"])
-        complete &= closed
+            interrupted |= line.startswith("Interrupted:") or (line.startswith("!!!") and "Interrupted" in line)
+        complete &= closed and not interrupted
     counts: dict[str, dict[str, int]] = {}
     for node, kind in outcome.items():
         top = node.split("/", 1)[0] if "/" in node else "tests"
@@ -55,15 +59,20 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", required=True, help="the commit whose code ran")
     ap.add_argument("--gpu", required=True, help="the GPU's name, as nvidia-smi gives it")
     ap.add_argument("--out", type=Path, required=True, help="the folder the summary goes into")
+    ap.add_argument("--selected", default="", help="paths or -k the run was narrowed to: a subset, not complete")
     a = ap.parse_args(argv)
     missing = [str(p) for p in a.logs if not p.is_file()]
     if missing:
         print(f"{', '.join(missing)}: no such log (the output of pytest -v)", file=sys.stderr)
         return 2
     stages, wall, complete = per_stage([p.read_text(errors="replace") for p in a.logs])
-    day = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    record = {"commit": a.commit, "gpu": a.gpu, "date": day, "wall_s": round(wall, 1), "complete": complete,
-              "stages": stages}
+    # the run's day, as the log folder's gpu.txt has it (gpu_check.sh's first lines), else today's
+    gpu_txt = a.logs[0].parent / "gpu.txt"
+    dates = re.findall(r"\b(\d{4}-\d{2}-\d{2})\b", gpu_txt.read_text()) if gpu_txt.is_file() else []
+    day = dates[0] if dates else datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    record = {"commit": a.commit, "gpu": a.gpu, "date": day, "wall_s": round(wall, 1),
+              "complete": complete and not a.selected, "selected": a.selected or None,
+              "logs": [p.name for p in a.logs], "stages": stages}
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{a.gpu.replace(' ', '-')}_{day}_gpu-tests.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
