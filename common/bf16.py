@@ -18,7 +18,7 @@ def f32_to_bf16(values: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(values, dtype=np.float32)
     u = x.view(np.uint32)
     # Adding 0x7FFF plus the lowest kept bit rounds the discarded half to nearest, ties to even (in place: one
-    # temporary, not four, a third of the time on a vocabulary-sized matrix).
+    # temporary of the matrix's size, not four).
     rounded = u >> np.uint32(16)
     rounded &= np.uint32(1)
     rounded += np.uint32(0x7FFF)

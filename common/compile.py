@@ -3,7 +3,7 @@
 We compile to cubin (machine code for exactly that arch), never PTX: PTX from an NVRTC newer than the driver
 cannot be JIT-compiled by it, while a cubin for sm_90 runs on any driver that knows sm_90.
 The cache key is everything that can change the machine code: the source, the headers it can include (our
-kernels/*.cuh and the toolkit's cuda_bf16 headers), the options, the arch and the NVRTC version. So a cubin is
+kernels/*.cuh and every header of the toolkit's include folder), the options, the arch and the NVRTC version. So a cubin is
 found only for byte-identical inputs: an edited kernel, header or define, another GPU generation or another NVRTC
 misses and compiles afresh, and no stale cubin can be loaded. Stages whose kernel files are copies share one
 cubin. The folder ($TINY_VLLM_KERNEL_CACHE, default the cache root's kernels/) can be copied to another machine.
@@ -57,11 +57,13 @@ def cuda_include_dir() -> str:
 
 @functools.cache
 def _toolkit_header_digest() -> str:
+    """Every header of the toolkit's include folder (about 100 files, 5 MB: cuda_bf16.h and what it includes),
+    hashed once a process: a kernel's machine code can change with any of them."""
     inc = Path(cuda_include_dir())
     h = hashlib.sha256()
-    for name in ("cuda_bf16.h", "cuda_bf16.hpp"):
-        if (inc / name).exists():
-            h.update((inc / name).read_bytes())
+    for path in sorted(p for p in inc.rglob("*") if p.is_file()):
+        h.update(path.relative_to(inc).as_posix().encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 

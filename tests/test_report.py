@@ -145,18 +145,21 @@ def test_a_stage_slower_than_the_one_before_needs_a_sentence_unless_the_run_cann
     from common.course import slower
 
     def figure(x, lo, hi):
-        return {"output_tok_per_s": x, "spread": {"output_tok_per_s": (lo, hi)}}
+        return {"output_tok_per_s": x, "spread": {"output_tok_per_s": (lo, hi)}}, ["GPU_day_ragged-ladder.json"]
 
-    results = {"ragged": {"stage01_a": (figure(100, 99, 101), []), "stage02_b": (figure(99.5, 99, 100), []),
-                          "stage03_c": (figure(80, 79, 81), [])}}
+    results = {"ragged": {"stage01_a": figure(100, 99, 101), "stage02_b": figure(99.5, 99, 100),
+                          "stage03_c": figure(80, 79, 81)}}
     columns = [("ragged: output tok/s", "ragged", "output_tok_per_s", "{}")]
-    cells = slower.slower_cells(results, ["stage01_a", "stage02_b", "stage03_c"], columns)
-    assert [(e, round(r, 3), level) for e, _, _, _, r, level in cells] == [("stage02_b", 1.005, True),
-                                                                           ("stage03_c", 1.244, False)]
-    said, missing = slower.lines(results, ["stage01_a", "stage02_b", "stage03_c"], columns)
-    assert missing == ["stage03_c: output_tok_per_s"] and "**not explained**" in said[-1]
-    monkeypatch.setitem(slower.WHY, ("stage03_c", "output_tok_per_s"), "it does more")
-    said, missing = slower.lines(results, ["stage01_a", "stage02_b", "stage03_c"], columns)
+    stages = ["stage01_a", "stage02_b", "stage03_c"]
+    cells = slower.slower_cells(results, stages, columns)
+    assert [(e, round(r, 3), level) for e, _, _, _, r, level, _ in cells] == [("stage02_b", 1.005, True),
+                                                                              ("stage03_c", 1.244, False)]
+    said, missing = slower.lines(results, stages, columns)
+    assert missing == ["stage03_c: output_tok_per_s (GPU_day_ragged-ladder.json)"] and "**not explained**" in said[-1]
+    monkeypatch.setitem(slower.WHY, ("stage03_c", "output_tok_per_s"), ("OTHER_day", "it does more"))
+    assert slower.lines(results, stages, columns)[1]                  # a sentence written for another run: owed
+    monkeypatch.setitem(slower.WHY, ("stage03_c", "output_tok_per_s"), ("GPU_day", "it does more"))
+    said, missing = slower.lines(results, stages, columns)
     assert not missing and said[-1].endswith("1.24x slower than `stage02_b`: it does more.")
 
 

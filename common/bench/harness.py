@@ -437,8 +437,11 @@ def main(argv=None) -> int:
                 write_record(a, workload, env, raw, skipped, complete=False)   # a cut-off run keeps these
     summary, notes, path = write_record(a, workload, env, raw, skipped, complete=True)
     if path is None:                                   # nothing ran: no result file
-        print(f"nothing ran here: every engine needs a GPU; on this machine: python -m common.bench --stages "
-              f"05,09 --workload cpu --model tiny", file=sys.stderr)
+        from common.device import has_gpu
+
+        print("nothing ran here: " + ("every engine was skipped (the lines above say why)" if has_gpu()[0] else
+                                      "every engine needs a GPU; on this machine: python -m common.bench --stages "
+                                      "05,09 --workload cpu --model tiny"), file=sys.stderr)
         return 2
     print(f"{a.workload}: {workload.figure}; {a.model}; medians (min-max) of {a.repeats} runs x {a.processes} "
           f"process(es)")

@@ -126,12 +126,15 @@ async def send_conversations(host: str, port: int, conversations, model: str, co
             async with gate:
                 r = await post_stream(host, port, "/v1/completions", item.body)
             done.append((k, item, r))
+            if r.error or r.status != 200:
+                return                              # check() reports it; its next turns would build on nothing
             history = history + r.token_ids
 
     t0 = time.perf_counter()
     await asyncio.gather(*(talk(c) for c in range(len(conversations))))
     wall = time.perf_counter() - t0
-    firsts = [[r.ttft for j, _, r in done if j == k and r.ttft is not None] for k in range(len(conversations[0]))]
+    turns = max((len(c) for c in conversations), default=0)
+    firsts = [[r.ttft for j, _, r in done if j == k and r.ttft is not None] for k in range(turns)]
     ttft = {f"ttft_ms_turn{k + 1}": 1e3 * statistics.median(v) for k, v in enumerate(firsts) if v}
     return [p for _, p, _ in done], [r for _, _, r in done], wall, ttft
 

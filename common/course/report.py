@@ -50,8 +50,8 @@ def newest() -> dict[str, dict[str, tuple[dict, list[str]]]]:
         if not (isinstance(r.get("workload"), dict) and r.get("environment", {}).get("gpu")):
             continue
         if r.get("kv_cache_gib"):     # the same KV cache memory for every engine: only at a ladder's budget
-            budget = LADDERS.get(r["workload"]["name"])
-            if not (budget and budget.budget and (r["kv_cache_gib"], r.get("max_model_len")) == budget.budget[:2]):
+            spec = LADDERS.get(r["workload"]["name"])
+            if not (spec and spec.budget and (r["kv_cache_gib"], r.get("max_model_len")) == spec.budget[:2]):
                 continue
             r = {**r, "workload": {**r["workload"], "name": r["workload"]["name"] + "-kv"}}
         files.append(((r["date"], "repeats" in r, r.get("time", ""), path.name), r, path.name))
@@ -139,11 +139,12 @@ def table() -> str:
                 by_file.setdefault(name, []).append(f"`{e}`")
         cut = {name for name in by_file if json.loads((RESULTS / name).read_text()).get("complete") is False}
         runs = {name: json.loads((RESULTS / name).read_text()) for name in by_file}
-        ladder = [name for name, r in runs.items() if r.get("ladder")]
-        if ladder:
-            lines.append(f"- {workload}: the ladder run `{ladder[0]}`" + "".join(
+        ladder_runs = [name for name, r in runs.items() if r.get("ladder")]
+        if ladder_runs:
+            lines.append(f"- {workload}: the ladder run `{ladder_runs[0]}`" + "".join(
                 f"; {', '.join(es)} alone in `{name}` ({runs[name].get('repeats', '?')} repeat(s), on the "
-                f"ladder's GPU and day)" for name, es in by_file.items() if name != ladder[0]))
+                f"ladder's GPU and day)" + (" (cut off by its time limit)" if name in cut else "")
+                for name, es in by_file.items() if name != ladder_runs[0]))
             continue
         sources = [f"{', '.join(es)} from `{name}`" + (" (a run cut off by its time limit: what it had not reached"
                                                       " is not in it)" if name in cut else "")

@@ -588,11 +588,12 @@ def test_gemv_norm_rope_matches_numpy(kernels, rng, column_warps, M, nh, nkv, hd
 
 @functools.cache
 def head_weights(N, K):
-    """(N, K) weights N(0, 0.05) as bf16 bits and the float32 values they hold, drawn once a process for each shape:
-    at the real vocabulary the draw and its rounding take seconds, and each of the head test's 15 cases there plants
-    its own tie in a copy."""
+    """(N, K) weights N(0, 0.05) as bf16 bits, drawn once a process for each shape (read-only): at the real
+    vocabulary the draw and its rounding take seconds, and each of the head test's 15 cases there plants its own tie
+    in a copy. 0.5 GB at 128,256 x 2048."""
     bits = f32_to_bf16(np.random.default_rng().standard_normal((N, K), dtype=np.float32) * np.float32(0.05))
-    return bits, bf16_to_f32(bits)
+    bits.setflags(write=False)
+    return bits
 
 
 @cases("column_warps", [None, 1, 2, 4, 8])
@@ -604,12 +605,11 @@ def test_gemv_norm_head_gives_fp32_logits_and_each_row_s_first_argmax(kernels, r
     argmax buffers are back at zero after the launch, and a second launch over other rows finds their own."""
     gpu = kernels.gpu
     g, gf = bf16(gpu, rng.normal(1, 0.2, K))
-    bits, wf = (a.copy() for a in head_weights(N, K))
+    bits = head_weights(N, K).copy()
     first, second = N // 3, N - 1
     x0 = rows_at_scales(rng, M, K)
     bits[first] = bits[second] = f32_to_bf16(0.2 * np.sign(x0[0] * gf))     # row 0's largest logit, twice
-    wf[first] = wf[second] = bf16_to_f32(bits[first])
-    w = gpu.to_device(bits, "bf16")
+    w, wf = gpu.to_device(bits, "bf16"), bf16_to_f32(bits)
     best, ticket = (gpu.to_device(np.zeros(n, t)) for n, t in ((M + 2, np.uint64), (1, np.int32)))
     ids = poisoned(gpu, (M + 2,), "i32")
     for launch, rows in enumerate((x0, rng.normal(0, 1, (M, K)))):
